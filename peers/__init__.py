@@ -1,0 +1,1 @@
+"""The sfchat engine: wire codec, shards, peer server, ring, drafting, verification."""

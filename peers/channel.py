@@ -1,0 +1,83 @@
+"""A message channel over one trio stream: whole frames out, whole validated-size frames in."""
+from __future__ import annotations
+
+import socket
+
+import trio
+
+from . import wire
+
+READ_TIMEOUT = 30.0  # a silent connection cannot hold a slot for longer than this
+
+
+class ChannelClosed(Exception):
+    """The other side went away (or broke the protocol and was dropped)."""
+
+
+class Channel:
+    def __init__(self, stream: trio.abc.Stream, name: str = "?", read_timeout: float = READ_TIMEOUT):
+        self.stream = stream
+        self.name = name
+        self.read_timeout = read_timeout
+        self.send_lock = trio.Lock()
+        set_nodelay(stream)
+
+    async def send(self, msg: dict) -> None:
+        data = wire.encode(msg)
+        async with self.send_lock:
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                raise ChannelClosed(f"{self.name}: {e}") from None
+
+    async def _read_exactly(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            try:
+                chunk = await self.stream.receive_some(min(n - len(buf), 1 << 20))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                raise ChannelClosed(f"{self.name}: {e}") from None
+            if not chunk:
+                raise ChannelClosed(f"{self.name}: connection closed")
+            buf += chunk
+        return bytes(buf)
+
+    async def recv(self, timeout: float | None = None) -> dict:
+        """The next message; raises ChannelClosed on EOF, timeout, or a malformed frame."""
+        limit = self.read_timeout if timeout is None else timeout
+        with trio.move_on_after(limit) as scope:
+            header = await self._read_exactly(wire.HEADER.size)
+            n = wire.frame_length(header)  # size checked before the body is read
+            body = await self._read_exactly(n)
+        if scope.cancelled_caught:
+            raise ChannelClosed(f"{self.name}: no message within {limit:.0f} s")
+        return wire.decode_body(body)
+
+    async def error(self, text: str) -> None:
+        """Tell the other side what went wrong, then close."""
+        try:
+            with trio.move_on_after(2):
+                await self.send({"t": "error", "error": text})
+        except ChannelClosed:
+            pass
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(1):
+            try:
+                await self.stream.aclose()
+            except Exception:
+                pass
+
+
+def set_nodelay(stream: trio.abc.Stream) -> None:
+    sock = getattr(stream, "socket", None)
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def parse_addr(addr: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address must be HOST:PORT, got {addr!r}")
+    return (host.strip("[]") or default_host), int(port)

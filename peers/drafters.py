@@ -1,0 +1,150 @@
+"""Drafters propose the next tokens cheaply on the host; the ring then verifies them in one pass.
+
+One interface: propose(context, n, params, stop) -> (tokens, q), q being the probabilities each token was
+drawn from ([n, vocab]) or None when the proposal is deterministic (greedy or lookup: q is one-hot).
+A sampled draft token at position i uses a generator seeded by (seed, i), so a seeded run is reproducible
+however many tokens were drafted ahead while a round was on the wire.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from .sampling import SamplingParams, pad_vocab, position_generator
+
+
+class Drafter:
+    name = "none"
+    ms_per_token = 0.0  # measured cost of one drafted token (moving average)
+
+    def propose(self, context: list[int], n: int, params: SamplingParams,
+                stop: threading.Event | None = None) -> tuple[list[int], torch.Tensor | None]:
+        return [], None
+
+    def _measure(self, seconds: float, n: int) -> None:
+        if n:
+            ms = seconds * 1e3 / n
+            self.ms_per_token = ms if not self.ms_per_token else 0.8 * self.ms_per_token + 0.2 * ms
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup: find the latest earlier occurrence of the context's last few tokens, propose what followed."""
+
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(self, context, n, params, stop=None):
+        t0 = time.perf_counter()
+        out = lookup(context, n, self.max_ngram, self.min_ngram)
+        self._measure(time.perf_counter() - t0, max(len(out), 1))
+        return out, None
+
+
+def lookup(context: list[int], n: int, max_ngram: int = 3, min_ngram: int = 2) -> list[int]:
+    if n <= 0:
+        return []
+    for size in range(max_ngram, min_ngram - 1, -1):
+        if len(context) <= size:
+            continue
+        tail = context[-size:]
+        for start in range(len(context) - size - 1, -1, -1):
+            if context[start : start + size] == tail:
+                follow = context[start + size : start + size + n]
+                if follow:
+                    return follow
+    return []
+
+
+class ModelDrafter(Drafter):
+    """A small causal LM with its own KV cache. The cache follows the context by longest common prefix, so a
+    rejected branch is cropped away and, after a fully accepted round, the last drafted token is processed too."""
+
+    def __init__(self, model_dir: Path, target_vocab: int, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 name: str | None = None):
+        from transformers import AutoModelForCausalLM, DynamicCache
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        self.name = name or Path(model_dir).name
+        self.device = device
+        self.target_vocab = target_vocab
+        self.cache = DynamicCache(config=self.model.config)
+        self.seen: list[int] = []  # tokens whose keys and values are in self.cache
+        self.next_logits: torch.Tensor | None = None  # logits after the last token of self.seen
+
+    def reset(self) -> None:
+        self.cache.crop(-len(self.seen)) if self.seen else None
+        self.seen, self.next_logits = [], None
+
+    @torch.inference_mode()
+    def _feed(self, tokens: list[int]) -> None:
+        out = self.model(input_ids=torch.tensor([tokens], device=self.device), cache=self.cache, use_cache=True,
+                         logits_to_keep=1)
+        self.seen += tokens
+        self.next_logits = out.logits[0, -1].float()
+
+    def _sync(self, context: list[int]) -> None:
+        common = 0
+        limit = min(len(context), len(self.seen))
+        while common < limit and context[common] == self.seen[common]:
+            common += 1
+        if common == len(context):  # context is a prefix of what we saw: recompute its last position
+            common -= 1
+        if common < len(self.seen):
+            self.cache.crop(common - len(self.seen))
+            self.seen = self.seen[:common]
+        self._feed(context[common:])
+
+    @torch.inference_mode()
+    def propose(self, context, n, params, stop=None):
+        if n <= 0:
+            return [], None
+        t0 = time.perf_counter()
+        self._sync(context)
+        tokens, qs = [], []
+        for _ in range(n):
+            logits = self.next_logits
+            if params.greedy:
+                tok = int(logits.argmax())
+            else:
+                q = pad_vocab(params.probs(logits[None])[0], self.target_vocab)
+                gen = position_generator(params.seed, len(context) + len(tokens), stream=0)
+                tok = int(torch.multinomial(q, 1, generator=gen))
+                qs.append(q)
+            tokens.append(tok)
+            if len(tokens) == n or (stop is not None and stop.is_set()):
+                break
+            self._feed([tok])
+        self._measure(time.perf_counter() - t0, len(tokens))
+        return tokens, (torch.stack(qs) if qs else None)
+
+
+def make_drafter(spec: str | None, target_dir: Path, target_vocab: int, tokenizer, device: str = "cpu",
+                 say=print) -> Drafter:
+    """`none`, `ngram`, or a model (same names as --model). No spec: the best drafter known for the target."""
+    from . import models
+
+    if spec in (None, "", "auto"):
+        spec = "ngram"
+    if spec == "none":
+        return Drafter()
+    if spec == "ngram":
+        return NgramDrafter()
+    draft_dir = models.resolve(spec, say=say)
+    check_same_tokenizer(tokenizer, draft_dir)
+    return ModelDrafter(draft_dir, target_vocab, device=device, name=spec)
+
+
+def check_same_tokenizer(target_tok, draft_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from .models import ModelError
+
+    draft_tok = AutoTokenizer.from_pretrained(draft_dir)
+    probe = "Hello, world! 1234 def f(x): return x**2 — ünïcödé 你好"
+    if target_tok.get_vocab() != draft_tok.get_vocab() or target_tok.encode(probe) != draft_tok.encode(probe):
+        raise ModelError(f"the draft {draft_dir.name} does not use the target's tokenizer; pick a draft of the same family")

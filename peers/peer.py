@@ -1,0 +1,194 @@
+"""A ring member (`sfchat join`): holds a layer span, passes hidden states on to the next hop.
+
+Control link to the host: offer -> assign -> ready, pings, session drops.
+Data link from the previous hop: fwd frames in, computed fwd frames out to the next hop.
+"""
+from __future__ import annotations
+
+import logging
+from functools import partial
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from . import models, validate, wire
+from .auth import AuthError, client_handshake, server_handshake
+from .channel import Channel, ChannelClosed, parse_addr
+from .memory import default_device, free_bytes, rss_bytes
+from .shard import Shard, Span
+from .fingerprint import config_fingerprint
+
+log = logging.getLogger("sfchat.peer")
+SESSION_IDLE_S = 600.0
+
+
+@dataclass
+class PeerState:
+    """What the peer screen and the log show."""
+
+    state: str = "connecting"
+    span: Span | None = None
+    device: str = "cpu"
+    rss: int = 0
+    sessions: int = 0
+    frames: int = 0
+    compute_ms: list[float] = field(default_factory=list)
+    next_hop: str = ""
+    host: str = ""
+    error: str = ""
+
+
+class Peer:
+    def __init__(self, host_addr: str, token: str, *, model: str | None = None, listen: str = "0.0.0.0:0",
+                 advertise: str | None = None, device: str | None = None, dtype: str = "float32",
+                 quant: str = "none", offer_gb: float | None = None, name: str = "peer", on_change=None):
+        self.host_addr, self.token, self.model_spec = host_addr, token, model
+        self.listen, self.advertise, self.dtype, self.quant = listen, advertise, dtype, quant
+        self.device = device or default_device()
+        self.offer_gb, self.name = offer_gb, name
+        self.shard: Shard | None = None
+        self.shard_dir = None
+        self.epoch = -1
+        self.sessions: dict[str, object] = {}
+        self.next: Channel | None = None
+        self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
+        self.st = PeerState(device=self.device, host=host_addr)
+        self.on_change = on_change or (lambda st: None)
+
+    def _changed(self, **kw) -> None:
+        for k, v in kw.items():
+            setattr(self.st, k, v)
+        self.on_change(self.st)
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        host, port = parse_addr(self.listen, "0.0.0.0")
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(partial(trio.serve_tcp, self._serve_data, port, host=host or None))
+            my_port = listeners[0].socket.getsockname()[1]
+            stream = await trio.open_tcp_stream(*parse_addr(self.host_addr))
+            ctl = Channel(stream, "host", read_timeout=3600)
+            welcome = await client_handshake(ctl, self.token, "join", name=self.name)
+            offer = self.offer_gb * 2**30 if self.offer_gb is not None else free_bytes(self.device)
+            await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
+                            "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant})
+            log.info("joined %s as %s; data port %d", self.host_addr, welcome.get("member", "?"), my_port)
+            self._changed(state="joined")
+            task_status.started(my_port)
+            try:
+                await self._control(ctl, nursery)
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _control(self, ctl: Channel, nursery) -> None:
+        while True:
+            msg = await ctl.recv()
+            t = msg["t"]
+            if t == "ping":
+                await ctl.send({"t": "pong", "n": msg.get("n")})
+            elif t == "assign":
+                try:
+                    await self._assign(msg)
+                    await ctl.send({"t": "ready", "epoch": self.epoch, "rss_bytes": rss_bytes()})
+                except (models.ModelError, wire.WireError, AuthError, OSError, ChannelClosed, ValueError) as e:
+                    log.error("cannot take the assignment: %s", e)
+                    self._changed(state="failed", error=str(e))
+                    await ctl.send({"t": "fail", "epoch": msg.get("epoch"), "error": str(e)})
+            elif t == "drop":
+                self.sessions.pop(str(msg.get("sid")), None)
+                self._changed(sessions=len(self.sessions))
+            elif t == "bye":
+                log.info("the host closed the ring")
+                return
+            elif t == "error":
+                raise ChannelClosed(f"host: {msg.get('error')}")
+            else:
+                await ctl.error(f"unknown message {t!r}")
+                return
+
+    async def _assign(self, msg: dict) -> None:
+        epoch = validate.need(msg, "epoch", int, 0)
+        span = Span(validate.need(msg, "start", int, 0), validate.need(msg, "end", int, 0),
+                    validate.need(msg, "n_layers", int, 1))
+        spec = self.model_spec or validate.need(msg, "model", str)
+        self._changed(state="loading", span=span)
+        model_dir = await trio.to_thread.run_sync(lambda: models.resolve(spec, say=log.info))
+        if (fp := config_fingerprint(model_dir)) != msg.get("config_fingerprint"):
+            raise models.ModelError(f"this peer's model ({spec}, {fp[:12]}) is not the host's "
+                                    f"({msg.get('config_fingerprint', '?')[:12]}); pass the same --model")
+        if self.shard is None or self.shard.span != span or self.shard_dir != model_dir:
+            self.shard = None  # free the old span before loading the new one
+            t0 = time.monotonic()
+            self.shard = await trio.to_thread.run_sync(
+                lambda: Shard(model_dir, span, embed=False, head=False, dtype=self.dtype,
+                              quant=self.quant, device=self.device))
+            self.shard_dir = model_dir
+            log.info("loaded layers %s in %.2f s", span, time.monotonic() - t0)
+        self.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
+        if self.next is not None:
+            await self.next.aclose()
+        nxt = validate.need(msg, "next", str)
+        if nxt == "@host":  # the last member returns to the host at the address it reached it by
+            nxt = f"{parse_addr(self.host_addr)[0]}:{validate.need(msg, 'host_port', int, 1)}"
+        self.next = Channel(await trio.open_tcp_stream(*parse_addr(nxt)), f"next {nxt}")
+        await client_handshake(self.next, self.token, "data")
+        self.epoch = epoch
+        self._changed(state="ready", next_hop=nxt, rss=rss_bytes(), sessions=0)
+
+    async def _serve_data(self, stream: trio.SocketStream) -> None:
+        ch = Channel(stream, "prev hop", read_timeout=3600)
+        try:
+            await server_handshake(ch, self.token)
+            while True:
+                msg = await ch.recv()
+                if msg["t"] == "fail":  # an upstream failure travels on to the host
+                    await self._send_next(msg)
+                    continue
+                if msg["t"] != "fwd":
+                    raise wire.WireError(f"unexpected {msg['t']!r} on a data link")
+                await self._forward(msg)
+        except (AuthError, ChannelClosed) as e:
+            log.info("data link closed: %s", e)
+        except wire.WireError as e:
+            log.warning("bad frame from the previous hop: %s", e)
+            await ch.error(str(e))
+        finally:
+            await ch.aclose()
+
+    async def _forward(self, msg: dict) -> None:
+        shard = self.shard
+        if shard is None or msg.get("epoch") != self.epoch:
+            return await self._fail(msg, f"{self.name} is not ready for epoch {msg.get('epoch')}")
+        x = validate.forward_frame(msg, shard.hidden_size)
+        sid = msg["sid"]
+        s = self.sessions.get(sid)
+        if s is None:
+            s = self.sessions[sid] = shard.new_session()
+        t0 = time.perf_counter()
+        try:
+            h = await trio.to_thread.run_sync(shard.forward, s, msg["committed"], x, limiter=self.compute)
+        except ValueError as e:  # e.g. committed beyond what we hold: the host will replay
+            self.sessions.pop(sid, None)
+            return await self._fail(msg, f"{self.name}: {e}")
+        ms = (time.perf_counter() - t0) * 1e3
+        msg["x"] = wire.pack_tensor(h)
+        msg["trace"].append([self.name, round(ms, 3)])
+        await self._send_next(msg)
+        self._gc_sessions()
+        self._changed(frames=self.st.frames + 1, sessions=len(self.sessions),
+                      compute_ms=(self.st.compute_ms + [ms])[-120:])
+
+    async def _fail(self, msg: dict, error: str) -> None:
+        log.warning("%s", error)
+        await self._send_next({"t": "fail", "epoch": msg.get("epoch"), "sid": msg.get("sid"), "seq": msg.get("seq"),
+                               "error": error})
+
+    async def _send_next(self, msg: dict) -> None:
+        if self.next is None:
+            raise ChannelClosed("no next hop yet")
+        await self.next.send(msg)
+
+    def _gc_sessions(self) -> None:
+        now = time.monotonic()
+        for sid in [k for k, s in self.sessions.items() if now - s.last_used > SESSION_IDLE_S]:
+            del self.sessions[sid]

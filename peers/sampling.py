@@ -1,0 +1,88 @@
+"""From logits to tokens: the target's distribution p, the draft's q, and the verification rules.
+
+Greedy: accept the longest prefix of drafts equal to the target's argmax, then the target's own next token.
+Sampling (lossless speculative rejection sampling, Leviathan et al. / Chen et al.):
+  accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i));
+  at the first rejection draw from normalize(max(0, p_i - q_i));
+  if all K are accepted draw a bonus token from p_K.
+The emitted tokens are then distributed exactly as sampling from p alone. A deterministic draft has q one-hot.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("temperature must be >= 0, top-p in (0, 1], top-k >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def warpers(self) -> LogitsProcessorList:
+        w = LogitsProcessorList([TemperatureLogitsWarper(self.temperature)])
+        if self.top_k:
+            w.append(TopKLogitsWarper(self.top_k))
+        if self.top_p < 1:
+            w.append(TopPLogitsWarper(self.top_p))
+        return w
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Rows of logits [N, V] -> rows of probabilities after temperature, top-k and top-p."""
+        return torch.softmax(self.warpers()(None, logits.float()), dim=-1)
+
+
+
+def position_generator(seed: int | None, position: int, stream: int) -> torch.Generator:
+    """Randomness tied to (seed, position, stream): 0 drafts, 1 verifies. Same seed, same history, same output."""
+    g = torch.Generator()
+    g.manual_seed(((seed or 0) * 1_000_003 + position * 2 + stream) % (2**63))
+    return g
+
+
+def pad_vocab(q: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A draft with fewer vocabulary rows than the target gives the missing ids probability 0."""
+    if q.shape[-1] == vocab:
+        return q
+    if q.shape[-1] > vocab:
+        return q[..., :vocab] / q[..., :vocab].sum(-1, keepdim=True)
+    return torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
+
+
+def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
+    """logits [K+1, V] at the positions after each draft's predecessor -> (accepted, next token)."""
+    best = logits.argmax(-1).tolist()
+    n = 0
+    while n < len(drafts) and drafts[n] == best[n]:
+        n += 1
+    return n, best[n]
+
+
+def verify_sampling(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int], gen: torch.Generator) -> tuple[int, int]:
+    """p [K+1, V] target probabilities, q [K, V] draft probabilities (None: the draft was deterministic)."""
+    for i, x in enumerate(drafts):
+        qx = 1.0 if q is None else float(q[i, x])
+        px = float(p[i, x])
+        # q >= p: accept with probability p/q; q < p: always accept
+        if qx > 0 and torch.rand((), generator=gen).item() < min(1.0, px / qx):
+            continue
+        residual = p[i].clone()
+        if q is None:
+            residual[x] = 0.0
+        else:
+            residual = (residual - q[i]).clamp_min(0.0)
+        if residual.sum() <= 0:  # p == q exactly: the rejection had probability 0, p itself is the answer
+            residual = p[i]
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=gen))
+    return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=gen))

@@ -1,0 +1,183 @@
+"""One contiguous range of a model's decoder layers, loaded alone from safetensors and run with
+transformers' own decoder layers, rotary embedding, masks and cache.
+
+The first stage also holds the token embedding; the host's shard also holds the final norm and LM head.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+from .models import ModelError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Layers [start, end) of a model with n_layers decoder layers."""
+
+    start: int
+    end: int
+    n_layers: int
+
+    def __post_init__(self):
+        if not 0 <= self.start <= self.end <= self.n_layers:
+            raise ValueError(f"bad layer span {self.start}..{self.end} of {self.n_layers}")
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def __str__(self) -> str:
+        return f"{self.start}-{self.end - 1}" if self.size else "none"
+
+
+@dataclass
+class SessionCache:
+    """One conversation's KV cache for this shard's layers, and how many positions it holds."""
+
+    cache: DynamicCache
+    length: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+
+def load_config(model_dir: Path):
+    config = AutoConfig.from_pretrained(model_dir)
+    if getattr(config, "quantization_config", None):
+        del config.quantization_config
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _weight_files(model_dir: Path) -> dict[str, Path]:
+    """tensor name -> the safetensors file that holds it, without opening any tensor."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: model_dir / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    names = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as st:
+            names.update({k: f for k in st.keys()})
+    return names
+
+
+class Shard:
+    def __init__(self, model_dir: Path, span: Span, *, embed: bool, head: bool,
+                 dtype: str = "float32", quant: str = "none", device: str = "cpu"):
+        self.config = config = load_config(model_dir)
+        if config.num_hidden_layers != span.n_layers:
+            raise ModelError(f"model has {config.num_hidden_layers} layers, plan says {span.n_layers}")
+        self.span, self.device, self.dtype = span, torch.device(device), DTYPES[dtype]
+        self.hidden_size = config.hidden_size
+        # the module tree is built on the meta device (no memory), then only our tensors are read and assigned
+        with torch.device("meta"):
+            full = AutoModelForCausalLM.from_config(config)
+        inner = full.model
+        self.layers = torch.nn.ModuleList(inner.layers[span.start : span.end])
+        self.embed = inner.embed_tokens if embed else None
+        self.norm = inner.norm if head else None
+        self.lm_head = full.lm_head if head else None
+        self.rotary = type(inner.rotary_emb)(config=config).to(self.device)
+        self.layer_types = getattr(config, "layer_types", None) or ["full_attention"] * span.n_layers
+        self._load(model_dir)
+        if quant != "none":
+            from .quant import quantize_linears
+            quantize_linears(self.layers, quant, self.device)
+        del full, inner
+
+    def _wanted(self) -> dict[str, tuple[torch.nn.Module, str]]:
+        """checkpoint tensor name -> (module, parameter name in that module)"""
+        want = {}
+        for i, layer in zip(range(self.span.start, self.span.end), self.layers):
+            for n, _ in layer.named_parameters():
+                want[f"model.layers.{i}.{n}"] = (layer, n)
+        if self.embed is not None:
+            want["model.embed_tokens.weight"] = (self.embed, "weight")
+        if self.norm is not None:
+            want["model.norm.weight"] = (self.norm, "weight")
+        return want
+
+    def _load(self, model_dir: Path) -> None:
+        files = _weight_files(model_dir)
+        want = self._wanted()
+        if self.lm_head is not None:
+            # a tied head is not stored: it *is* the embedding matrix (leaving it unset gives garbage text)
+            head_key = "lm_head.weight" if "lm_head.weight" in files else "model.embed_tokens.weight"
+            if head_key not in files:
+                raise ModelError("the checkpoint has neither lm_head.weight nor embed_tokens to tie it to")
+            want_head = {head_key: (self.lm_head, "weight")}
+        else:
+            want_head = {}
+        missing = [k for k in want if k not in files]
+        if missing:
+            raise ModelError(f"checkpoint lacks {len(missing)} tensors of this shard, e.g. {missing[0]}")
+        by_file: dict[Path, list[str]] = {}
+        for k in list(want) + list(want_head):
+            by_file.setdefault(files[k], []).append(k)
+        for f, keys in by_file.items():
+            with safe_open(f, framework="pt", device="cpu") as st:
+                for k in keys:
+                    t = st.get_tensor(k).to(self.device, self.dtype)
+                    for target in (want.get(k), want_head.get(k)):
+                        if target is not None:
+                            _assign(*target, t)
+        for m in self.modules():
+            m.eval().requires_grad_(False)
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [m for m in (self.layers, self.embed, self.norm, self.lm_head) if m is not None]
+
+    def new_session(self) -> SessionCache:
+        return SessionCache(DynamicCache(config=self.config))
+
+    @torch.inference_mode()
+    def forward(self, s: SessionCache, committed: int, x: torch.Tensor) -> torch.Tensor:
+        """Trim the cache to `committed` positions, then run x (ids [1,T] on the first stage, else hidden [1,T,H])
+        at positions committed..committed+T-1. The trim is the ring's only rollback rule."""
+        if committed > s.length:
+            raise ValueError(f"frame says {committed} positions are committed but this peer holds {s.length}")
+        if committed < s.length:
+            s.cache.crop(committed - s.length)  # negative: drop the uncommitted tail
+        s.length = committed
+        s.last_used = time.monotonic()
+        h = self.embed(x.to(self.device)) if self.embed is not None else x.to(self.device, self.dtype)
+        t = h.shape[1]
+        if self.span.size:
+            pos = torch.arange(committed, committed + t, device=self.device).unsqueeze(0)
+            masks = self._masks(h, s.cache, pos)
+            rope = self.rotary(h, position_ids=pos)
+            for i, layer in zip(range(self.span.start, self.span.end), self.layers):
+                h = layer(h, attention_mask=masks[self.layer_types[i]], position_embeddings=rope,
+                          position_ids=pos, cache=s.cache, use_cache=True)
+        s.length = committed + t
+        return h
+
+    def _masks(self, h, cache, pos) -> dict:
+        kw = dict(config=self.config, inputs_embeds=h, attention_mask=None, cache=cache, position_ids=pos,
+                  layer_idx=self.span.start)
+        masks = {"full_attention": create_causal_mask(**kw)}
+        if "sliding_attention" in self.layer_types[self.span.start : self.span.end]:
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
+        return masks
+
+    @torch.inference_mode()
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(h.to(self.device, self.dtype))).float()
+
+
+def _assign(module: torch.nn.Module, name: str, t: torch.Tensor) -> None:
+    *path, leaf = name.split(".")
+    for p in path:
+        module = getattr(module, p)
+    old = getattr(module, leaf)
+    if tuple(old.shape) != tuple(t.shape):
+        raise ModelError(f"tensor {name} has shape {tuple(t.shape)}, the model expects {tuple(old.shape)}")
+    setattr(module, leaf, torch.nn.Parameter(t, requires_grad=False))

@@ -1,0 +1,139 @@
+"""The `sfchat` command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+
+import trio
+
+from peers import models
+from peers.auth import AuthError
+from peers.channel import ChannelClosed
+from peers.host import RingError
+
+MODEL_HELP = "a model directory, a hub id in the local Hugging Face cache, a .gguf file, or smollm2-135m (default)"
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help=MODEL_HELP)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--quant", default="none", choices=["none", "int8", "nf4"])
+    p.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda if present)")
+
+
+def _gen_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--local-peers", type=int, default=0, metavar="N", help="start N peer processes on this machine")
+    p.add_argument("--draft", help="none, ngram, or a draft model (same names as --model); default: the best known")
+    p.add_argument("--k", type=int, help="pin the draft length (default: adaptive)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="sfchat", description="Chat with one language model split across machines.")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("pull", help=f"fetch and convert the embedded default model ({models.DEFAULT_MODEL})")
+
+    p = sub.add_parser("ask", help="answer one prompt and exit")
+    p.add_argument("prompt")
+    _model_args(p)
+    _gen_args(p)
+    p.add_argument("--listen", help="host a ring on HOST:PORT for this answer")
+    p.add_argument("--token", help="join token (with --listen)")
+    p.add_argument("--wait-peers", type=int, default=0, metavar="N", help="wait for N joiners (with --listen)")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+    p = sub.add_parser("host", help="host a ring and chat")
+    _model_args(p)
+    _gen_args(p)
+    p.add_argument("--listen", default="127.0.0.1:7340", help="HOST:PORT to accept members on (0.0.0.0 for a LAN)")
+    p.add_argument("--token", help="join token (default: a random one)")
+    p.add_argument("--headless", action="store_true", help="a plain prompt loop instead of the TUI")
+
+    p = sub.add_parser("join", help="join a ring as a peer")
+    p.add_argument("address", help="the host's HOST:PORT")
+    p.add_argument("--token", required=True)
+    _model_args(p)
+    p.add_argument("--listen", default="0.0.0.0:0", help="HOST:PORT for hidden states from the previous hop")
+    p.add_argument("--advertise", help="HOST:PORT others should use to reach this peer")
+    p.add_argument("--offer-gb", type=float, help="memory to offer (default: what is free)")
+    p.add_argument("--name", default="peer")
+    p.add_argument("--headless", action="store_true", help="a plain log instead of the peer screen")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO if args.cmd == "join" else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        return COMMANDS[args.cmd](args) or 0
+    except BaseException as e:
+        err = user_error(e)
+        if err is None:
+            raise
+        if isinstance(err, KeyboardInterrupt):
+            return 130
+        print(f"sfchat {args.cmd}: {err or type(err).__name__}", file=sys.stderr)
+        return 1
+
+
+EXPECTED = (models.ModelError, AuthError, RingError, ValueError, OSError, ChannelClosed, RuntimeError,
+            trio.TooSlowError, KeyboardInterrupt)
+
+
+def user_error(e: BaseException) -> BaseException | None:
+    """The error to show the user in one line: the first expected one, dug out of trio's exception groups."""
+    if isinstance(e, BaseExceptionGroup):
+        for sub in e.exceptions:
+            if (found := user_error(sub)) is not None:
+                return found
+        return None
+    if isinstance(e, trio.TooSlowError):
+        return TimeoutError("timed out")
+    return e if isinstance(e, EXPECTED) else None
+
+
+def cmd_pull(args) -> int:
+    models.pull_default(say=lambda *a: print(*a, file=sys.stderr))
+    return 0
+
+
+def cmd_ask(args) -> int:
+    from .ask import ask
+
+    return trio.run(ask, args)
+
+
+def cmd_host(args) -> int:
+    from .repl import host_repl
+
+    return trio.run(host_repl, args)
+
+
+def cmd_join(args) -> int:
+    from peers.peer import Peer
+
+    peer = Peer(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
+                device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb, name=args.name)
+    trio.run(peer.run)
+    return 0
+
+
+COMMANDS = {"pull": cmd_pull, "ask": cmd_ask, "host": cmd_host, "join": cmd_join}
+
+
+def finite(x):
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False)

@@ -1,0 +1,66 @@
+"""Bring up a ring for the application: the host, its local peers, the drafter; shared by ask, host and bench."""
+from __future__ import annotations
+
+import sys
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+
+from peers.chat import eos_ids, load_tokenizer
+from peers.drafters import make_drafter
+from peers.host import Host
+from sfchat.local import LocalPeers
+
+
+def say(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Ring:
+    host: Host
+    tokenizer: object
+    eos: set[int]
+    local: LocalPeers | None
+
+
+def build_host(args, **kw) -> Host:
+    return Host(args.model, token=getattr(args, "token", None), listen=getattr(args, "listen", None) or "127.0.0.1:0",
+                dtype=args.dtype, quant=args.quant, device=getattr(args, "device", None), say=say, **kw)
+
+
+@asynccontextmanager
+async def open_ring(args, *, wait_peers: int = 0, announce: bool = True, host: Host | None = None):
+    """Serve a host, start --local-peers, wait for them and any --wait-peers joiners, plan; close it all after."""
+    host = host or build_host(args)
+    tokenizer = load_tokenizer(host.model_dir)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(host.serve)
+        n_local = getattr(args, "local_peers", 0) or 0
+        local = LocalPeers(n_local, host.address, host.token, model=args.model, dtype=args.dtype,
+                           quant=args.quant) if n_local else None
+        try:
+            if wait_peers and announce:
+                say(f"Waiting for {wait_peers} peer(s). On each, run:\n  {host.invite()}")
+            want = n_local + wait_peers
+            with trio.fail_after(getattr(args, "join_timeout", 300)):
+                while sum(m.state != "lost" for m in host.members) < want:
+                    if local is not None:
+                        local.check()
+                    with trio.move_on_after(0.2):
+                        await host.wait_members(want)
+            if want:
+                await host.replan()
+            yield Ring(host, tokenizer, eos_ids(host.model_dir, host.config, tokenizer), local)
+        finally:
+            with trio.CancelScope(shield=True):
+                await host.close()
+            if local is not None:
+                local.close()
+            nursery.cancel_scope.cancel()
+
+
+def drafter_for(args, ring: Ring):
+    return make_drafter(getattr(args, "draft", None), ring.host.model_dir, ring.host.config.vocab_size,
+                        ring.tokenizer, device=ring.host.device, say=say)

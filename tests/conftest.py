@@ -1,0 +1,37 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+# the real SmolLM2 is pulled once into a cache that survives test runs; nothing touches the user's own dirs
+os.environ.setdefault("SFCHAT_MODELS_DIR", str(ROOT / ".cache" / "models"))
+
+
+@pytest.fixture(autouse=True)
+def private_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("SFCHAT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SFCHAT_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("SFCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SFCHAT_MODELS_DIR", os.environ["SFCHAT_MODELS_DIR"])
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    from tiny import make_model
+    return make_model(tmp_path_factory.mktemp("tiny-llama"), "llama", layers=4, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory):
+    from tiny import make_model
+    return make_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", layers=5, seed=2)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from peers import models
+    return models.resolve("smollm2-135m", say=lambda *a: None)
