@@ -72,6 +72,7 @@ class ModelDrafter(Drafter):
         self.name = name or Path(model_dir).name
         self.device = device
         self.target_vocab = target_vocab
+        self.draft_vocab = self.model.get_input_embeddings().num_embeddings
         self.cache = DynamicCache(config=self.model.config)
         self.seen: list[int] = []  # tokens whose keys and values are in self.cache
         self.next_logits: torch.Tensor | None = None  # logits after the last token of self.seen
@@ -82,8 +83,10 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def _feed(self, tokens: list[int]) -> None:
-        out = self.model(input_ids=torch.tensor([tokens], device=self.device), cache=self.cache, use_cache=True,
-                         logits_to_keep=1)
+        # an id only the target has (its padded rows) has no embedding here: the draft reads it as id 0
+        v = self.draft_vocab
+        ids = torch.tensor([[t if t < v else 0 for t in tokens]], device=self.device)
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
         self.seen += tokens
         self.next_logits = out.logits[0, -1].float()
 

@@ -18,7 +18,7 @@ import trio
 from .adaptive import KPolicy
 from .drafters import Drafter
 from .host import Host, RingError, RingSession
-from .sampling import SamplingParams, position_generator, verify_greedy, verify_sampling
+from .sampling import SamplingParams, verify_greedy, verify_sampling
 from .stats import RoundStats, RunningStats
 
 log = logging.getLogger("sfchat.generate")
@@ -96,7 +96,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             n_acc, nxt = verify_greedy(logits, drafts)
         else:
             p = params.probs(logits)
-            n_acc, nxt = verify_sampling(p, q, drafts, position_generator(params.seed, len(tokens), stream=1))
+            n_acc, nxt = verify_sampling(p, q, drafts, params.seed, len(tokens))
         verify_ms = (time.perf_counter() - t1) * 1e3
         new = drafts[:n_acc] + [nxt]
         if ahead is not None and not (n_acc == len(drafts) and nxt == guess):

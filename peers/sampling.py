@@ -45,9 +45,10 @@ class SamplingParams:
 
 
 def position_generator(seed: int | None, position: int, stream: int) -> torch.Generator:
-    """Randomness tied to (seed, position, stream): 0 drafts, 1 verifies. Same seed, same history, same output."""
+    """Randomness tied to (seed, position, stream): 0 drafts, 1 verifies, 2 resamples after a rejection.
+    Same seed, same history, same output."""
     g = torch.Generator()
-    g.manual_seed(((seed or 0) * 1_000_003 + position * 2 + stream) % (2**63))
+    g.manual_seed(((seed or 0) * 1_000_003 + position * 4 + stream) % (2**63))
     return g
 
 
@@ -69,20 +70,32 @@ def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
     return n, best[n]
 
 
-def verify_sampling(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int], gen: torch.Generator) -> tuple[int, int]:
-    """p [K+1, V] target probabilities, q [K, V] draft probabilities (None: the draft was deterministic)."""
+def sample(p: torch.Tensor, seed: int, position: int) -> int:
+    """The target's own draw at `position`: the same token whoever drafted, and however K was chosen."""
+    return int(torch.multinomial(p, 1, generator=position_generator(seed, position, stream=1)))
+
+
+def verify_sampling(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int], seed: int, position: int
+                    ) -> tuple[int, int]:
+    """p [K+1, V] target probabilities for positions position.., q [K, V] draft probabilities.
+
+    q None means a deterministic draft (q one-hot at x). Then the rule reduces to: accept x with probability
+    p(x), else draw from p with x removed -- which is exactly "draw y from p, accept iff y == x, emit y". We use
+    that form with per-position randomness, so a seeded answer is the same whatever the drafter or K.
+    """
     for i, x in enumerate(drafts):
-        qx = 1.0 if q is None else float(q[i, x])
-        px = float(p[i, x])
-        # q >= p: accept with probability p/q; q < p: always accept
-        if qx > 0 and torch.rand((), generator=gen).item() < min(1.0, px / qx):
-            continue
-        residual = p[i].clone()
         if q is None:
-            residual[x] = 0.0
-        else:
-            residual = (residual - q[i]).clamp_min(0.0)
-        if residual.sum() <= 0:  # p == q exactly: the rejection had probability 0, p itself is the answer
+            y = sample(p[i], seed, position + i)
+            if y == x:
+                continue
+            return i, y
+        qx, px = float(q[i, x]), float(p[i, x])
+        u = torch.rand((), generator=position_generator(seed, position + i, stream=1)).item()
+        if qx > 0 and u < min(1.0, px / qx):  # q <= p: always accept; q > p: accept with probability p/q
+            continue
+        residual = (p[i] - q[i]).clamp_min(0.0)
+        if residual.sum() <= 0:  # p == q: a rejection had probability 0, p itself is the answer
             residual = p[i]
-        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=gen))
-    return len(drafts), int(torch.multinomial(p[len(drafts)], 1, generator=gen))
+        g = position_generator(seed, position + i, stream=2)
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=g))
+    return len(drafts), sample(p[len(drafts)], seed, position + len(drafts))

@@ -81,7 +81,7 @@ def unpack_tensor(d: object, max_elements: int = 1 << 28) -> torch.Tensor:
     if not isinstance(d, dict):
         raise WireError("tensor must be a map")
     dtype, shape, data = d.get("dtype"), d.get("shape"), d.get("data")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise WireError(f"unknown tensor dtype {dtype!r}")
     if not isinstance(shape, list) or not all(isinstance(s, int) and 0 <= s for s in shape) or len(shape) > 4:
         raise WireError(f"bad tensor shape {shape!r}")

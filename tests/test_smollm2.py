@@ -1,0 +1,34 @@
+"""End to end on the real SmolLM2-135M-Instruct (pulled once from PyPI, cached): rings of real processes."""
+import pytest
+
+from helpers import ask_json, reference_ids
+
+PROMPT = "Explain quantum entanglement in simple terms."
+N = 40
+
+
+@pytest.fixture(scope="module")
+def want(smollm2):
+    return reference_ids(smollm2, PROMPT, N)
+
+
+def test_ring_of_two_peers_equals_transformers(want):
+    got = ask_json(PROMPT, "--local-peers", "2", "--temperature", "0", "--max-new-tokens", str(N), "--draft", "none")
+    assert got["token_ids"] == want
+    assert [m["layers"] for m in got["stats"]["members"]] and got["stats"]["tokens_per_round"] == 1.0
+
+
+@pytest.mark.parametrize("draft", ["ngram", "smollm2-135m"])
+def test_drafters_do_not_change_the_answer(want, draft):
+    got = ask_json(PROMPT, "--local-peers", "1", "--max-new-tokens", str(N), "--draft", draft)
+    assert got["token_ids"] == want
+
+
+def test_self_draft_at_k6_commits_about_seven_tokens_a_round(want):
+    got = ask_json(PROMPT, "--local-peers", "1", "--max-new-tokens", str(N), "--draft", "smollm2-135m", "--k", "6")
+    assert got["token_ids"] == want
+    s = got["stats"]
+    # a draft identical to the target agrees everywhere: anything under ~7 means verification or rollback
+    # lost tokens (the last round may be shorter, cut by max-new-tokens)
+    assert s["acceptance"] >= 0.97, s
+    assert s["tokens_per_round"] >= 6.0, s

@@ -1,0 +1,136 @@
+"""Speculative decoding on tiny models: exact with every drafter, rollback, vocab padding, look-ahead, K."""
+import pytest
+import torch
+import trio
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from helpers import ask_json, reference_ids
+from peers.adaptive import KPolicy, best_k, expected_tokens
+from peers.chat import Chat, eos_ids, load_tokenizer
+from peers.drafters import ModelDrafter, NgramDrafter, lookup, make_drafter
+from peers.host import Host
+from peers.models import ModelError
+from peers.sampling import SamplingParams
+
+PROMPT = "the quick brown fox jumps over the lazy dog"
+
+
+@pytest.fixture(scope="module")
+def other_llama(tmp_path_factory):
+    """Same tokenizer, other random weights, 8 more vocabulary rows on the target side than here."""
+    from tiny import make_model
+    return make_model(tmp_path_factory.mktemp("other"), "llama", layers=2, seed=9)
+
+
+@pytest.fixture(scope="module")
+def padded_target(tmp_path_factory):
+    from tiny import make_model
+    return make_model(tmp_path_factory.mktemp("padded"), "llama", layers=3, seed=4, vocab_pad=8)
+
+
+async def _answer(model, draft_spec, *, k=None, params=None, max_new=24, prompt=PROMPT):
+    host = Host(str(model), say=lambda *a: None)
+    tok = load_tokenizer(host.model_dir)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(host.serve)
+        drafter = make_drafter(draft_spec, host.model_dir, host.config.vocab_size, tok)
+        chat = Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
+        _, r = await chat.reply(prompt, drafter=drafter, params=params or SamplingParams(),
+                                policy=KPolicy(pinned=k), max_new_tokens=max_new)
+        nursery.cancel_scope.cancel()
+    return r
+
+
+@pytest.mark.parametrize("draft", ["none", "ngram", "other", "self"])
+@pytest.mark.parametrize("k", [None, 1, 5])
+def test_greedy_is_exact_with_every_drafter(draft, k, tiny_llama, other_llama):
+    spec = {"other": str(other_llama), "self": str(tiny_llama)}.get(draft, draft)
+    r = trio.run(lambda: _answer(tiny_llama, spec, k=k))
+    assert r.token_ids == reference_ids(tiny_llama, PROMPT, 24)
+    for rd in r.rounds:
+        assert rd["accepted"] <= rd["drafted"] and rd["committed"] <= rd["accepted"] + 1
+
+
+def test_a_draft_identical_to_the_target_is_fully_accepted(tiny_llama):
+    r = trio.run(lambda: _answer(tiny_llama, str(tiny_llama), k=6, max_new=42))
+    full = [rd for rd in r.rounds if rd["committed"] == 7]
+    assert len(full) >= len(r.rounds) - 1, r.rounds  # all but a last, shorter round commit K+1 = 7
+    assert r.stats.drafted == r.stats.accepted
+    # with every round fully accepted the look-ahead's drafts were used: drafting hidden behind the pass
+    assert sum(rd["hidden_draft_ms"] > 0 for rd in r.rounds) >= len(r.rounds) - 2
+
+
+def test_a_bad_draft_is_rolled_back_and_the_answer_stays_exact(tiny_llama, other_llama):
+    r = trio.run(lambda: _answer(tiny_llama, str(other_llama), k=4))
+    assert r.stats.accepted < r.stats.drafted  # it really was rejected some of the time
+    assert r.token_ids == reference_ids(tiny_llama, PROMPT, 24)
+
+
+def test_draft_with_fewer_vocabulary_rows(padded_target, tiny_llama):
+    """The target has 8 more rows than the draft (like Qwen2.5-7B vs 0.5B): those ids get q = 0."""
+    assert AutoModelForCausalLM.from_pretrained(padded_target).config.vocab_size == \
+        AutoModelForCausalLM.from_pretrained(tiny_llama).config.vocab_size + 8
+    r = trio.run(lambda: _answer(padded_target, str(tiny_llama), k=3))
+    assert r.token_ids == reference_ids(padded_target, PROMPT, 24)
+    r = trio.run(lambda: _answer(padded_target, str(tiny_llama), k=3, params=SamplingParams(1.0, seed=3)))
+    assert len(r.token_ids) > 0
+
+
+def test_draft_with_another_tokenizer_is_refused(tiny_llama, tmp_path):
+    from tiny import make_model
+    other = make_model(tmp_path / "m", "llama", layers=1)
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["<extra-token>"])
+    tok.save_pretrained(other)
+    with pytest.raises(ModelError, match="tokenizer"):
+        make_drafter(str(other), tiny_llama, 300, load_tokenizer(tiny_llama))
+
+
+def test_model_drafter_cache_follows_the_context(tiny_llama):
+    """After a fully accepted round the draft also processes its last drafted token (no hole in its context),
+    and a rejected branch is cropped away: proposals always equal those of a fresh drafter."""
+    tok = load_tokenizer(tiny_llama)
+    ctx = tok.encode(PROMPT)
+    d = ModelDrafter(tiny_llama, 300)
+    greedy = SamplingParams()
+    first, _ = d.propose(ctx, 4, greedy)
+    assert d.seen == ctx + first[:3]
+    ctx2 = ctx + first + [7]  # fully accepted, bonus token 7
+    second, _ = d.propose(ctx2, 3, greedy)
+    assert d.seen[: len(ctx2)] == ctx2
+    fresh, _ = ModelDrafter(tiny_llama, 300).propose(ctx2, 3, greedy)
+    assert second == fresh
+    ctx3 = ctx + first[:1] + [11]  # rejected at the second draft
+    third, _ = d.propose(ctx3, 3, greedy)
+    assert third == ModelDrafter(tiny_llama, 300).propose(ctx3, 3, greedy)[0]
+
+
+def test_ngram_lookup():
+    assert lookup([1, 2, 3, 9, 9, 1, 2, 3], 3) == [9, 9, 1]
+    assert lookup([1, 2, 3, 4], 3) == []
+    assert lookup([5, 6, 7, 5, 6], 2) == [7, 5]
+    assert NgramDrafter().propose([1, 2], 3, SamplingParams())[0] == []
+
+
+def test_adaptive_k_maximises_expected_tokens_per_second():
+    assert expected_tokens(0.8, 0) == pytest.approx(1.0)
+    assert expected_tokens(0.8, 8) == pytest.approx((1 - 0.8 ** 9) / 0.2)
+    # over a WAN drafting is cheap next to a round: long drafts pay (alpha 0.8, c = 0.03 -> K about 10)
+    assert 8 <= best_k(0.8, 100.0, 3.0, 16) <= 12
+    # when a draft token costs as much as a round, drafting does not pay
+    assert best_k(0.3, 10.0, 10.0, 16) == 0
+    p = KPolicy()
+    for _ in range(30):
+        p.update(8, 1, 100.0)
+    assert p.alpha < 0.3 and p.choose(3.0) < 6
+    assert KPolicy(pinned=6).choose(1.0) == 6
+
+
+def test_ask_json_reports_speculation(tiny_llama):
+    got = ask_json(PROMPT, "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "20",
+                   "--draft", str(tiny_llama), "--k", "4")
+    s = got["stats"]
+    assert got["token_ids"] == reference_ids(tiny_llama, PROMPT, 20)
+    assert s["tokens_per_round"] > 3 and s["acceptance"] == 1.0
+    r = s["per_round"][1]
+    assert r["k"] == 4 and set(r) >= {"draft_ms", "network_ms", "verify_ms", "peers", "hidden_draft_ms"}
