@@ -73,21 +73,23 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
         q = q[: len(drafts)] if q is not None else None
         stop = threading.Event()
         ahead = Ahead(tokens + drafts + [guess]) if (overlap and guess is not None) else None
-        try:
-            async with trio.open_nursery() as nursery:
-                if ahead is not None:
-                    nursery.start_soon(_look_ahead, drafter, ahead, k + 1, params, stop)
-                try:
-                    logits, timing = await host.forward(rs, tokens, drafts)
-                finally:
-                    stop.set()
-        except RingError as e:
+        failure = None
+        async with trio.open_nursery() as nursery:
+            if ahead is not None:
+                nursery.start_soon(_look_ahead, drafter, ahead, k + 1, params, stop)
+            try:
+                logits, timing = await host.forward(rs, tokens, drafts)
+            except RingError as e:  # caught here, not outside: the nursery would wrap it in a group
+                failure = e
+            finally:
+                stop.set()
+        if failure is not None:
             retries += 1
             if retries > max_retries:
-                raise
-            log.warning("ring pass failed (%s); re-planning and replaying", e)
+                raise failure
+            log.warning("ring pass failed (%s); re-planning and replaying", failure)
             if on_round is not None:
-                on_round({"event": "recovering", "error": str(e)})
+                on_round({"event": "recovering", "error": str(failure)})
             await host.recover()
             ahead = None
             continue

@@ -6,7 +6,6 @@ network. A pass goes host -> member 1 -> ... -> member n -> host over trio TCP s
 from __future__ import annotations
 
 import itertools
-from functools import partial
 import logging
 import math
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 import trio
 
-from . import models, validate, wire
+from . import links, models, validate, wire
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr
 from .fingerprint import config_fingerprint
@@ -44,6 +43,7 @@ class Member:
     span: Span | None = None
     rtt_ms: float = math.nan
     rss: int = 0
+    rss_before: int = 0  # before it loaded anything: rss - rss_before is what its span costs
     last_seen: float = field(default_factory=time.monotonic)
     ready: trio.Event = field(default_factory=trio.Event)
     error: str = ""
@@ -68,13 +68,16 @@ class RingSession:
 class Host:
     def __init__(self, model: str | None = None, *, token: str | None = None, listen: str = "127.0.0.1:0",
                  device: str | None = None, dtype: str = "float32", quant: str = "none",
-                 offer_gb: float | None = None, heartbeat_s: float = 1.0, say=print, on_change=None):
+                 offer_gb: float | None = None, heartbeat_s: float = 1.0, dead_after_s: float = 4.0,
+                 say=print, on_change=None,
+                 relay: str | None = None):
         self.model_spec = model or models.DEFAULT_MODEL
         self.token = token or new_token()
         self.listen = listen
+        self.relay, self.relay_address = relay, ""  # relay://… once registered
         self.device = device or default_device()
         self.dtype, self.quant, self.offer_gb = dtype, quant, offer_gb
-        self.heartbeat_s = heartbeat_s
+        self.heartbeat_s, self.dead_after_s = heartbeat_s, dead_after_s
         self.say = say
         self.on_change = on_change or (lambda: None)
         self.model_dir: Path = models.resolve(self.model_spec, say=say)
@@ -98,10 +101,9 @@ class Host:
     # --- serving -------------------------------------------------------------------------------------------
 
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        host, port = parse_addr(self.listen)
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(partial(trio.serve_tcp, self._accept, port, host=host or None))
-            self.port = listeners[0].socket.getsockname()[1]
+            got = await nursery.start(links.serve, self._accept, self.listen, self.relay, links.host_endpoint())
+            self.port, self.relay_address = got.port, got.relay_address
             self.nursery = nursery
             await self.replan()  # the host alone, until members join
             nursery.start_soon(self._heartbeat)
@@ -113,7 +115,7 @@ class Host:
         return f"{host}:{self.port}"
 
     def invite(self) -> str:
-        return f"sfchat join {self.address} --token {self.token}"
+        return f"sfchat join {self.relay_address or self.address} --token {self.token}"
 
     async def _accept(self, stream: trio.SocketStream) -> None:
         ch = Channel(stream, "incoming", read_timeout=3600)
@@ -145,6 +147,7 @@ class Host:
         m = Member(next(self.member_ids), str(hello.get("name", "peer"))[:40], ch, addr,
                    str(offer.get("device", "?"))[:20], validate.need(offer, "free_bytes", int, 0),
                    str(offer.get("dtype", "float32")))
+        m.rss_before = int(offer.get("rss_bytes") or 0)
         ch.name = f"member {m.id}"
         self.members.append(m)
         log.info("member %d (%s) joined from %s offering %.1f GB on %s", m.id, m.name, addr, m.free_bytes / 2**30, m.device)
@@ -186,14 +189,29 @@ class Host:
                 waiter.send_nowait(msg)
 
     async def _heartbeat(self) -> None:
+        """Ping every member; one silent for dead_after_s (killed, stopped, cut off) is declared lost."""
         while True:
+            now = time.monotonic()
             for m in list(self.members):
-                if m.state != "lost":
-                    try:
-                        await m.ctl.send({"t": "ping", "n": time.perf_counter()})
-                    except ChannelClosed:
-                        pass
+                if m.state == "lost":
+                    continue
+                if now - m.last_seen > self.dead_after_s:
+                    await self.lose(m, f"no heartbeat for {now - m.last_seen:.1f} s")
+                    continue
+                try:
+                    await m.ctl.send({"t": "ping", "n": time.perf_counter()})
+                except ChannelClosed:
+                    await self.lose(m, "its control link broke")
             await trio.sleep(self.heartbeat_s)
+
+    async def lose(self, m: Member, why: str) -> None:
+        if m.state == "lost":
+            return
+        m.state, m.error = "lost", why
+        m.ready.set()
+        log.warning("member %d (%s) lost: %s", m.id, m.name, why)
+        self.on_change()
+        await m.ctl.aclose()
 
     # --- planning ------------------------------------------------------------------------------------------
 
@@ -248,7 +266,7 @@ class Host:
                 await self.first_hop.aclose()
                 self.first_hop = None
             if ring:
-                self.first_hop = Channel(await trio.open_tcp_stream(*parse_addr(ring[0].data_addr)), "first hop")
+                self.first_hop = Channel(await links.dial(ring[0].data_addr), "first hop")
                 from .auth import client_handshake
                 await client_handshake(self.first_hop, self.token, "data")
             self.ring, self.epoch = ring, epoch
@@ -277,10 +295,16 @@ class Host:
         """How many of the session's positions every stage still holds; 0 after a re-plan (replay)."""
         return s.ring_len if s.epoch == self.epoch and s.cache is not None else 0
 
-    async def recover(self) -> None:
-        """After a failed pass: re-plan over the members still alive; sessions replay on their next pass."""
-        await trio.sleep(0.2)
-        await self.replan()
+    async def recover(self, attempts: int = 5) -> None:
+        """After a failed pass: re-plan over the members still alive (the host takes what is left, as memory
+        allows); each session then replays its committed tokens in one prefill on its next pass."""
+        for i in range(attempts):
+            await trio.sleep(0.2 * (i + 1))
+            try:
+                return await self.replan()
+            except RingError as e:  # a member failed while loading: it is excluded from the next plan
+                log.warning("re-plan failed: %s", e)
+        raise RingError(f"could not re-form the ring after {attempts} attempts")
 
     async def forward(self, s: RingSession, tokens: list[int], drafts: list[int]) -> tuple[torch.Tensor, dict]:
         """One pass: the tokens the ring lacks plus the drafts; logits at the last token and each draft.
@@ -308,8 +332,7 @@ class Host:
                 await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
                                            "committed": committed, "n_logits": n_logits,
                                            "x": wire.pack_tensor(h[:, :, :]), "trace": []})
-                with trio.fail_after(self.pass_timeout(len(ids))):
-                    reply = await recv.receive()
+                reply = await self._await_reply(recv, self.pass_timeout(len(ids)))
             except (ChannelClosed, trio.TooSlowError) as e:
                 s.epoch = -1  # caches unknown: replay from scratch next time
                 raise RingError(f"the ring did not answer: {e}") from None
@@ -328,6 +351,17 @@ class Host:
         peers_ms = sum(ms for _, ms in trace)
         return logits[0], {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms,
                            "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
+
+    async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:
+        """The pass's result, or RingError as soon as a ring member is declared lost."""
+        deadline = trio.current_time() + timeout
+        while trio.current_time() < deadline:
+            with trio.move_on_after(0.1):
+                return await recv.receive()
+            lost = [m for m in self.ring if m.state == "lost"]
+            if lost:
+                raise RingError(f"member {lost[0].id} ({lost[0].name}) was lost: {lost[0].error}")
+        raise trio.TooSlowError
 
     def pass_timeout(self, n_tokens: int) -> float:
         return 60.0 + n_tokens * 0.5

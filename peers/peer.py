@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from . import models, validate, wire
+from . import links, models, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr
 from .memory import default_device, free_bytes, rss_bytes
@@ -21,6 +21,7 @@ from .fingerprint import config_fingerprint
 
 log = logging.getLogger("sfchat.peer")
 SESSION_IDLE_S = 600.0
+HOST_SILENT_S = 15.0  # no ping from the host for this long: it is gone
 
 
 @dataclass
@@ -42,17 +43,20 @@ class PeerState:
 class Peer:
     def __init__(self, host_addr: str, token: str, *, model: str | None = None, listen: str = "0.0.0.0:0",
                  advertise: str | None = None, device: str | None = None, dtype: str = "float32",
-                 quant: str = "none", offer_gb: float | None = None, name: str = "peer", on_change=None):
+                 quant: str = "none", offer_gb: float | None = None, name: str = "peer", on_change=None,
+                 relay: str | None = None):
         self.host_addr, self.token, self.model_spec = host_addr, token, model
         self.listen, self.advertise, self.dtype, self.quant = listen, advertise, dtype, quant
         self.device = device or default_device()
         self.offer_gb, self.name = offer_gb, name
+        self.relay = links.relay_of(host_addr, relay)  # also reachable through it, if any
         self.shard: Shard | None = None
         self.shard_dir = None
         self.epoch = -1
         self.sessions: dict[str, object] = {}
         self.next: Channel | None = None
         self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
+        self.assign_lock = trio.Lock()
         self.st = PeerState(device=self.device, host=host_addr)
         self.on_change = on_change or (lambda st: None)
 
@@ -62,16 +66,17 @@ class Peer:
         self.on_change(self.st)
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        host, port = parse_addr(self.listen, "0.0.0.0")
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(partial(trio.serve_tcp, self._serve_data, port, host=host or None))
-            my_port = listeners[0].socket.getsockname()[1]
-            stream = await trio.open_tcp_stream(*parse_addr(self.host_addr))
-            ctl = Channel(stream, "host", read_timeout=3600)
+            got = await nursery.start(partial(links.serve, self._serve_data, self.listen, self.relay,
+                                              links.member_endpoint(self.host_addr, self.name), default_host="0.0.0.0"))
+            my_port, self.advertise = got.port, self.advertise or got.relay_address or None
+            stream = await links.dial(self.host_addr)
+            ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # the host pings every second
             welcome = await client_handshake(ctl, self.token, "join", name=self.name)
             offer = self.offer_gb * 2**30 if self.offer_gb is not None else free_bytes(self.device)
             await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
-                            "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant})
+                            "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant,
+                            "rss_bytes": rss_bytes()})
             log.info("joined %s as %s; data port %d", self.host_addr, welcome.get("member", "?"), my_port)
             self._changed(state="joined")
             task_status.started(my_port)
@@ -86,14 +91,8 @@ class Peer:
             t = msg["t"]
             if t == "ping":
                 await ctl.send({"t": "pong", "n": msg.get("n")})
-            elif t == "assign":
-                try:
-                    await self._assign(msg)
-                    await ctl.send({"t": "ready", "epoch": self.epoch, "rss_bytes": rss_bytes()})
-                except (models.ModelError, wire.WireError, AuthError, OSError, ChannelClosed, ValueError) as e:
-                    log.error("cannot take the assignment: %s", e)
-                    self._changed(state="failed", error=str(e))
-                    await ctl.send({"t": "fail", "epoch": msg.get("epoch"), "error": str(e)})
+            elif t == "assign":  # loading takes a while: keep answering pings meanwhile
+                nursery.start_soon(self._take_assignment, ctl, msg)
             elif t == "drop":
                 self.sessions.pop(str(msg.get("sid")), None)
                 self._changed(sessions=len(self.sessions))
@@ -105,6 +104,19 @@ class Peer:
             else:
                 await ctl.error(f"unknown message {t!r}")
                 return
+
+    async def _take_assignment(self, ctl: Channel, msg: dict) -> None:
+        async with self.assign_lock:
+            try:
+                await self._assign(msg)
+                await ctl.send({"t": "ready", "epoch": self.epoch, "rss_bytes": rss_bytes()})
+            except (models.ModelError, wire.WireError, AuthError, OSError, ChannelClosed, ValueError) as e:
+                log.error("cannot take the assignment: %s", e)
+                self._changed(state="failed", error=str(e))
+                try:
+                    await ctl.send({"t": "fail", "epoch": msg.get("epoch"), "error": str(e)})
+                except ChannelClosed:
+                    pass
 
     async def _assign(self, msg: dict) -> None:
         epoch = validate.need(msg, "epoch", int, 0)
@@ -129,8 +141,8 @@ class Peer:
             await self.next.aclose()
         nxt = validate.need(msg, "next", str)
         if nxt == "@host":  # the last member returns to the host at the address it reached it by
-            nxt = f"{parse_addr(self.host_addr)[0]}:{validate.need(msg, 'host_port', int, 1)}"
-        self.next = Channel(await trio.open_tcp_stream(*parse_addr(nxt)), f"next {nxt}")
+            nxt = links.host_return(self.host_addr, validate.need(msg, 'host_port', int, 1))
+        self.next = Channel(await links.dial(nxt), f"next {nxt}")
         await client_handshake(self.next, self.token, "data")
         self.epoch = epoch
         self._changed(state="ready", next_hop=nxt, rss=rss_bytes(), sessions=0)

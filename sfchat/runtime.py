@@ -27,7 +27,8 @@ class Ring:
 
 def build_host(args, **kw) -> Host:
     return Host(args.model, token=getattr(args, "token", None), listen=getattr(args, "listen", None) or "127.0.0.1:0",
-                dtype=args.dtype, quant=args.quant, device=getattr(args, "device", None), say=say, **kw)
+                dtype=args.dtype, quant=args.quant, device=getattr(args, "device", None), say=say,
+                relay=getattr(args, "relay", None), **kw)
 
 
 @asynccontextmanager
@@ -38,8 +39,8 @@ async def open_ring(args, *, wait_peers: int = 0, announce: bool = True, host: H
     async with trio.open_nursery() as nursery:
         await nursery.start(host.serve)
         n_local = getattr(args, "local_peers", 0) or 0
-        local = LocalPeers(n_local, host.address, host.token, model=args.model, dtype=args.dtype,
-                           quant=args.quant) if n_local else None
+        local = LocalPeers(n_local, host.relay_address or host.address, host.token, model=args.model,
+                           dtype=args.dtype, quant=args.quant) if n_local else None
         try:
             if wait_peers and announce:
                 say(f"Waiting for {wait_peers} peer(s). On each, run:\n  {host.invite()}")
@@ -52,6 +53,7 @@ async def open_ring(args, *, wait_peers: int = 0, announce: bool = True, host: H
                         await host.wait_members(want)
             if want:
                 await host.replan()
+            host.auto_replan = True  # from now on a member that (re)joins is planned in
             yield Ring(host, tokenizer, eos_ids(host.model_dir, host.config, tokenizer), local)
         finally:
             with trio.CancelScope(shield=True):

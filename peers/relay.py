@@ -1,0 +1,198 @@
+"""`sfchat relay`: a rendezvous that splices TCP connections between named endpoints, and only forwards bytes.
+
+Every connection to the relay starts with one wire frame saying what it is:
+  register{name}  an endpoint's control link; the relay answers registered, then sends incoming{id} for each
+                  dialer and answers the endpoint's pings with pongs. The name is free while this link lives.
+  dial{name}      a dialer; the relay tells the endpoint incoming{id} and waits for it to accept.
+  accept{id}      the endpoint's fresh connection for that dialer; both sides get connected, then the relay
+                  splices the two sockets: from here on it copies bytes (optionally shaped) and reads none.
+Authentication stays end to end (the HMAC handshake runs over the spliced bytes): the relay never sees the
+token, so it cannot join a ring, and a stranger who takes a name only gets handshakes that fail.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import trio
+
+from . import wire
+from .channel import Channel, ChannelClosed, parse_addr
+from .shaping import Shaping, pump
+
+log = logging.getLogger("sfchat.relay")
+
+HELLO_TIMEOUT = 10.0  # a connection must say what it is within this
+ACCEPT_TIMEOUT = 10.0  # an endpoint must accept a dialer within this
+KEEPALIVE_TIMEOUT = 60.0  # an endpoint silent for this long (no ping) is dropped
+MAX_REQUEST = 4096  # the relay's own frames are tiny; nobody makes it buffer a big one
+NAME = re.compile(r"[A-Za-z0-9._-]{1,64}(/[A-Za-z0-9._-]{1,64}){0,3}")
+
+
+@dataclass
+class Pending:
+    """A dialer waiting for its endpoint to accept."""
+
+    name: str
+    accepted: trio.Event = field(default_factory=trio.Event)
+    done: trio.Event = field(default_factory=trio.Event)
+    ch: Channel | None = None
+
+
+class Relay:
+    def __init__(self, shaping: Shaping | None = None):
+        self.shaping = shaping or Shaping()
+        self.endpoints: dict[str, Channel] = {}
+        self.pending: dict[str, Pending] = {}
+        self.address = ""
+        self.splices = 0  # live spliced connections
+
+    async def serve(self, listen: str = "127.0.0.1:0", task_status=trio.TASK_STATUS_IGNORED) -> None:
+        host, port = parse_addr(listen)
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(partial(trio.serve_tcp, self._handle, port, host=host or None))
+            h, p = listeners[0].socket.getsockname()[:2]
+            self.address = f"{h}:{p}"
+            log.info("relay on %s (%s)", self.address, self.shaping)
+            task_status.started(self.address)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        who = _peername(stream)
+        ch = Channel(stream, who)  # also sets TCP_NODELAY
+        try:
+            msg = await recv_small(ch, HELLO_TIMEOUT)
+            kind = msg["t"]
+            if kind == "register":
+                await self._register(ch, msg, who)
+            elif kind == "dial":
+                await self._dial(ch, msg, who)
+            elif kind == "accept":
+                await self._accept(ch, msg, who)
+            else:
+                await ch.error(f"unknown request {kind!r}")
+        except (ChannelClosed, wire.WireError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            log.info("%s: %s", who, e)
+        except Exception:  # one bad client never takes the relay down
+            log.exception("%s: unexpected error", who)
+
+    async def _register(self, ch: Channel, msg: dict, who: str) -> None:
+        name = msg.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            return await ch.error("an endpoint name is 1-4 parts of [A-Za-z0-9._-] joined by /")
+        if name in self.endpoints:
+            return await ch.error(f"endpoint {name} is taken")
+        self.endpoints[name] = ch
+        log.info("%s registered %s", who, name)
+        try:
+            await ch.send({"t": "registered", "name": name})
+            while True:
+                m = await recv_small(ch, KEEPALIVE_TIMEOUT)
+                if m["t"] != "ping":
+                    raise wire.WireError(f"unexpected {m['t']!r} on a control link")
+                await ch.send({"t": "pong"})
+        finally:
+            if self.endpoints.get(name) is ch:
+                del self.endpoints[name]
+            log.info("endpoint %s is gone", name)
+
+    async def _dial(self, ch: Channel, msg: dict, who: str) -> None:
+        name = msg.get("name")
+        ep = self.endpoints.get(name) if isinstance(name, str) else None
+        if ep is None:
+            log.info("%s dialed %r: no such endpoint", who, name)
+            return await ch.error(f"no endpoint {name!r} on this relay")
+        cid = secrets.token_hex(8)  # unguessable: only the endpoint, told on its control link, can accept
+        p = self.pending[cid] = Pending(name)
+        try:
+            try:
+                await ep.send({"t": "incoming", "id": cid})
+            except ChannelClosed:
+                return await ch.error(f"endpoint {name} is gone")
+            with trio.move_on_after(ACCEPT_TIMEOUT):
+                await p.accepted.wait()
+            if p.ch is None:
+                return await ch.error(f"endpoint {name} did not accept")
+            await ch.send({"t": "connected"})
+            await p.ch.send({"t": "connected"})
+            log.info("%s -> %s connected [%s]", who, name, cid)
+            t0, counts = time.monotonic(), [0, 0]
+            self.splices += 1
+            try:
+                await splice(ch.stream, p.ch.stream, self.shaping, counts)
+            finally:
+                self.splices -= 1
+                log.info("%s -> %s closed [%s] after %.1f s, %d bytes out, %d back", who, name, cid,
+                         time.monotonic() - t0, counts[0], counts[1])
+        finally:
+            self.pending.pop(cid, None)
+            p.done.set()
+
+    async def _accept(self, ch: Channel, msg: dict, who: str) -> None:
+        p = self.pending.get(msg.get("id")) if isinstance(msg.get("id"), str) else None
+        if p is None or p.ch is not None:
+            return await ch.error("no such incoming connection")
+        p.ch = ch
+        p.accepted.set()
+        await p.done.wait()  # the dialer's task splices; this stream must stay open until it is done
+
+
+async def recv_small(ch: Channel, timeout: float) -> dict:
+    """Like Channel.recv, with frames limited to MAX_REQUEST bytes."""
+    with trio.move_on_after(timeout):
+        header = await ch._read_exactly(wire.HEADER.size)
+        return wire.decode_body(await ch._read_exactly(wire.frame_length(header, MAX_REQUEST)))
+    raise ChannelClosed(f"{ch.name}: nothing within {timeout:.0f} s")
+
+
+async def splice(a: trio.SocketStream, b: trio.SocketStream, shaping: Shaping, counts: list[int]) -> None:
+    """Copy both ways until both sides are done; a broken side tears down both. counts: [a->b, b->a] bytes."""
+    async with trio.open_nursery() as nursery:
+        for i, (src, dst) in enumerate(((a, b), (b, a))):
+            nursery.start_soon(_direction, src, dst, shaping, counts, i, nursery.cancel_scope)
+
+
+async def _direction(src, dst, shaping: Shaping, counts: list[int], i: int, both: trio.CancelScope) -> None:
+    def count(n: int) -> None:
+        counts[i] += n
+
+    try:
+        await pump(src, dst, shaping, count)
+        await dst.send_eof()  # a clean end: half-close, the other direction may still be talking
+    except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        both.cancel()
+
+
+def _peername(stream) -> str:
+    try:
+        h, p = stream.socket.getpeername()[:2]
+        return f"{h}:{p}"
+    except Exception:
+        return "?"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--listen", default="0.0.0.0:7341", help="HOST:PORT to accept endpoints and dialers on")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="shaping: one-way delay added in each direction")
+    p.add_argument("--jitter-ms", type=float, default=0.0, help="shaping: each chunk's delay varies by ± this (order kept)")
+    p.add_argument("--rate-mbit", type=float, default=0.0, help="shaping: bandwidth cap per direction (0: none)")
+
+
+def run_cli(args) -> int:
+    """`sfchat relay`: serve until interrupted; the first stdout line names the address (scripts read it)."""
+    if not args.verbose:
+        log.setLevel(logging.INFO)  # the relay's log is its connection log
+    relay = Relay(Shaping(args.delay_ms, args.jitter_ms, args.rate_mbit))
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            addr = await nursery.start(relay.serve, args.listen)
+            print(f"relay listening on {addr} ({relay.shaping})", flush=True)
+            print(f"  hosts: sfchat host --relay {addr}    joiners: the host's invite", file=sys.stderr, flush=True)
+
+    trio.run(main)
+    return 0
