@@ -15,6 +15,7 @@ import secrets
 from .channel import Channel, ChannelClosed
 
 NONCE = 32
+HANDSHAKE_S = 10.0  # a connection that does not finish the handshake in time is dropped
 
 
 class AuthError(Exception):
@@ -33,7 +34,7 @@ async def client_handshake(ch: Channel, token: str, role: str, **hello) -> dict:
     """Prove we hold the token and check the server does too. Returns the server's welcome."""
     nc = secrets.token_bytes(NONCE)
     await ch.send({"t": "hello", "role": role, "nonce": nc, **hello})
-    msg = await ch.recv(timeout=10)
+    msg = await ch.recv(timeout=HANDSHAKE_S)
     if msg["t"] == "error":
         raise AuthError(str(msg.get("error")))
     ns = msg.get("nonce")
@@ -43,7 +44,7 @@ async def client_handshake(ch: Channel, token: str, role: str, **hello) -> dict:
         await ch.aclose()
         raise AuthError("the other side does not hold this token (wrong token, or not the real host)")
     await ch.send({"t": "auth", "proof": _proof(token, b"client", nc, ns)})
-    msg = await ch.recv(timeout=10)
+    msg = await ch.recv(timeout=HANDSHAKE_S)
     if msg["t"] == "error":
         raise AuthError(str(msg.get("error")))
     if msg["t"] != "welcome":
@@ -53,7 +54,7 @@ async def client_handshake(ch: Channel, token: str, role: str, **hello) -> dict:
 
 async def server_handshake(ch: Channel, token: str, welcome: dict | None = None) -> dict:
     """Check a new connection's proof. Returns its hello; raises AuthError after telling it why."""
-    hello = await ch.recv(timeout=10)
+    hello = await ch.recv(timeout=HANDSHAKE_S)
     nc = hello.get("nonce")
     if hello["t"] != "hello" or not isinstance(nc, bytes) or len(nc) != NONCE or not isinstance(hello.get("role"), str):
         await ch.error("expected a hello")
@@ -61,7 +62,7 @@ async def server_handshake(ch: Channel, token: str, welcome: dict | None = None)
     ns = secrets.token_bytes(NONCE)
     await ch.send({"t": "challenge", "nonce": ns, "proof": _proof(token, b"server", nc, ns)})
     try:
-        msg = await ch.recv(timeout=10)
+        msg = await ch.recv(timeout=HANDSHAKE_S)
     except ChannelClosed:
         raise AuthError("the joiner hung up during the handshake (it may hold another token)") from None
     if msg["t"] != "auth" or not hmac.compare_digest(_proof(token, b"client", nc, ns), msg.get("proof", b"") if isinstance(msg.get("proof"), bytes) else b""):

@@ -18,7 +18,7 @@ import trio
 from . import links, models, validate, wire
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr
-from .fingerprint import config_fingerprint
+from .fingerprint import config_fingerprint, span_fingerprint
 from .memory import default_device, free_bytes, rss_bytes
 from .plan import split_layers
 from .shard import SessionCache, Shard, Span, load_config
@@ -134,6 +134,9 @@ class Host:
         except wire.WireError as e:
             log.warning("bad frame from %s: %s", _peername(stream), e)
             await ch.error(str(e))
+        except Exception as e:  # one bad connection must never take the host down
+            log.exception("connection from %s failed", _peername(stream))
+            await ch.error(f"internal error: {type(e).__name__}")
         finally:
             await ch.aclose()
 
@@ -248,7 +251,10 @@ class Host:
                 nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"
                 try:
                     await m.ctl.send({"t": "assign", "epoch": epoch, "model": self.model_spec,
-                                      "config_fingerprint": self.fingerprint, "start": m.span.start,
+                                      "config_fingerprint": self.fingerprint,
+                                      "span_fingerprint": await trio.to_thread.run_sync(
+                                          span_fingerprint, self.model_dir, m.span.start, m.span.end),
+                                      "start": m.span.start,
                                       "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt,
                                       "host_port": self.port})
                 except ChannelClosed:
@@ -341,7 +347,10 @@ class Host:
             if reply["t"] == "fail":
                 s.epoch = -1
                 raise RingError(str(reply.get("error")))
-            h = wire.unpack_tensor(reply["x"])
+            try:
+                h = validate.forward_frame(reply, self.config.hidden_size)
+            except wire.WireError as e:
+                raise RingError(f"the last member returned a bad frame: {e}") from None
             trace = reply["trace"]
         t1 = time.perf_counter()
         logits = await trio.to_thread.run_sync(self.shard.logits, h[:, -n_logits:], limiter=self.compute)

@@ -17,7 +17,7 @@ from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr
 from .memory import default_device, free_bytes, rss_bytes
 from .shard import Shard, Span
-from .fingerprint import config_fingerprint
+from .fingerprint import config_fingerprint, span_fingerprint
 
 log = logging.getLogger("sfchat.peer")
 SESSION_IDLE_S = 600.0
@@ -125,9 +125,15 @@ class Peer:
         spec = self.model_spec or validate.need(msg, "model", str)
         self._changed(state="loading", span=span)
         model_dir = await trio.to_thread.run_sync(lambda: models.resolve(spec, say=log.info))
-        if (fp := config_fingerprint(model_dir)) != msg.get("config_fingerprint"):
-            raise models.ModelError(f"this peer's model ({spec}, {fp[:12]}) is not the host's "
-                                    f"({msg.get('config_fingerprint', '?')[:12]}); pass the same --model")
+        mine = config_fingerprint(model_dir)
+        if mine == msg.get("config_fingerprint"):
+            mine = await trio.to_thread.run_sync(span_fingerprint, model_dir, span.start, span.end)
+            theirs = msg.get("span_fingerprint")
+        else:
+            theirs = msg.get("config_fingerprint")
+        if mine != theirs:
+            raise models.ModelError(f"this peer's model ({spec}) is not the host's: its weights for layers {span} "
+                                    f"differ ({mine[:12]} here, {str(theirs)[:12]} at the host); pass the same --model")
         if self.shard is None or self.shard.span != span or self.shard_dir != model_dir:
             self.shard = None  # free the old span before loading the new one
             t0 = time.monotonic()
@@ -164,14 +170,19 @@ class Peer:
         except wire.WireError as e:
             log.warning("bad frame from the previous hop: %s", e)
             await ch.error(str(e))
+        except Exception as e:  # one bad link must never take the peer down
+            log.exception("data link failed")
+            await ch.error(f"internal error: {type(e).__name__}")
         finally:
             await ch.aclose()
 
     async def _forward(self, msg: dict) -> None:
         shard = self.shard
-        if shard is None or msg.get("epoch") != self.epoch:
-            return await self._fail(msg, f"{self.name} is not ready for epoch {msg.get('epoch')}")
-        x = validate.forward_frame(msg, shard.hidden_size)
+        if shard is None:
+            return await self._fail(msg, f"{self.name} holds no layers yet")
+        x = validate.forward_frame(msg, shard.hidden_size)  # schema first: a bad frame closes the link
+        if msg["epoch"] != self.epoch:  # a frame of an older plan: the host will replay
+            return await self._fail(msg, f"{self.name} is not on plan {msg['epoch']} but {self.epoch}")
         sid = msg["sid"]
         s = self.sessions.get(sid)
         if s is None:

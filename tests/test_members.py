@@ -102,3 +102,28 @@ def test_sampling_with_a_seed_is_reproducible(tiny_llama):
     c = ask_json("the quick brown", *args, "--seed", "8")
     assert a["token_ids"] == b["token_ids"]
     assert a["token_ids"] != c["token_ids"]
+
+
+def test_a_member_with_other_weights_is_refused(tiny_llama, tmp_path):
+    """Same config, other tensors: refused with a clear message before it serves, never garbage text."""
+    from tiny import make_model
+    from peers.host import RingError
+    other = make_model(tmp_path / "other", "llama", layers=4, seed=99)
+
+    async def main():
+        host = Host(str(tiny_llama), say=lambda *a: None)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(host.serve)
+            with LocalPeers(1, host.address, host.token, model=str(other)):
+                await host.wait_members(1, timeout=120)
+                try:
+                    await host.replan()
+                except RingError as e:
+                    return str(e), host.members[0].state
+                finally:
+                    nursery.cancel_scope.cancel()
+        return None, None
+
+    err, state = trio.run(main)
+    assert err is not None and "not the host's" in err and "--model" in err
+    assert state == "failed"

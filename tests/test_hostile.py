@@ -1,0 +1,115 @@
+"""Hostile input against a live host and peer: garbage, truncation, huge lengths, wrong fields and shapes,
+HTTP, silence. Nothing crashes or hangs, memory stays bounded, and the ring still answers exactly."""
+import os
+import struct
+
+import cbor2
+import pytest
+import torch
+import trio
+
+from helpers import reference_ids
+from peers import auth, wire
+from peers.adaptive import KPolicy
+from peers.auth import client_handshake
+from peers.channel import Channel, ChannelClosed, parse_addr
+from peers.chat import Chat, eos_ids, load_tokenizer
+from peers.drafters import Drafter
+from peers.host import Host
+from peers.sampling import SamplingParams
+from sfchat.local import LocalPeers
+
+PROMPT = "hello world, the quick brown fox"
+
+
+def rss_of(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def send_raw(addr: str, data: bytes) -> bytes:
+    """Send bytes, read until the other side closes (or 12 s pass): what it said before hanging up."""
+    stream = await trio.open_tcp_stream(*parse_addr(addr))
+    got = b""
+    with trio.move_on_after(12):
+        try:
+            await stream.send_all(data)
+            while chunk := await stream.receive_some(65536):
+                got += chunk
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    await stream.aclose()
+    return got
+
+
+def frame(obj) -> bytes:
+    body = cbor2.dumps(obj)
+    return struct.pack(">I", len(body)) + body
+
+
+GARBAGE = [
+    os.urandom(4096),
+    b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"\xff\xff\xff\xf0" + b"x" * 100,  # a 4 GB frame announced
+    frame({"t": "hello"})[:-3],  # truncated, then the sender goes quiet
+    frame({"t": "hello", "role": "join", "nonce": b"short"}),
+    frame([1, 2, 3]),
+    frame({"t": "auth", "proof": b"\0" * 32}),
+]
+
+
+def bad_frames(hidden: int, epoch: int) -> list[dict]:
+    ok = dict(t="fwd", epoch=epoch, sid="evil", seq=0, committed=0, n_logits=1, trace=[])
+    return [
+        ok | {"x": wire.pack_tensor(torch.zeros(1, 3, hidden + 1))},  # wrong hidden size
+        ok | {"x": wire.pack_tensor(torch.zeros(3, hidden))},  # wrong rank
+        ok | {"x": {"dtype": "float32", "shape": [1, 2, hidden], "data": b"\0" * 7}},  # lying shape
+        ok | {"x": wire.pack_tensor(torch.zeros(1, 1, hidden, dtype=torch.int64))},  # wrong dtype
+        ok | {"committed": -5, "x": wire.pack_tensor(torch.zeros(1, 1, hidden))},
+        ok | {"sid": 7, "x": wire.pack_tensor(torch.zeros(1, 1, hidden))},
+        ok | {"trace": "nope", "x": wire.pack_tensor(torch.zeros(1, 1, hidden))},
+        {"t": "assign", "epoch": 3},  # a control message on a data link
+        {"t": "who-knows"},
+    ]
+
+
+def test_live_host_and_peer_survive_hostile_input(tiny_llama, monkeypatch):
+    monkeypatch.setattr(auth, "HANDSHAKE_S", 3.0)  # the host is in this process: a shorter handshake limit
+
+    async def main():
+        host = Host(str(tiny_llama), say=lambda *a: None)
+        tok = load_tokenizer(host.model_dir)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(host.serve)
+            with LocalPeers(1, host.address, host.token, model=str(tiny_llama)) as lp:
+                await host.wait_members(1, timeout=120)
+                await host.replan()
+                peer_addr, peer_pid = host.ring[0].data_addr, lp.procs[0].pid
+                rss0 = rss_of(peer_pid)
+                # a silent connection is dropped after the handshake limit, and holds nothing meanwhile
+                silent = await trio.open_tcp_stream(*parse_addr(host.address))
+                for target in (host.address, peer_addr):
+                    for data in GARBAGE:
+                        await send_raw(target, data)
+                # members who hold the token but send nonsense get an error and a closed link
+                for msg in bad_frames(host.config.hidden_size, host.epoch):
+                    ch = Channel(await trio.open_tcp_stream(*parse_addr(peer_addr)), "evil")
+                    await client_handshake(ch, host.token, "data")
+                    await ch.send(msg)
+                    reply = await ch.recv(timeout=10)
+                    assert reply["t"] == "error" and reply["error"], msg
+                    with pytest.raises(ChannelClosed):
+                        await ch.recv(timeout=5)
+                with trio.fail_after(10):
+                    assert await silent.receive_some(10) == b""  # the host hung up on it
+                assert lp.procs[0].poll() is None and host.ring[0].state == "ready"
+                assert rss_of(peer_pid) - rss0 < 64 * 2**20
+                chat = Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
+                _, r = await chat.reply(PROMPT, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                        max_new_tokens=16)
+                await host.close()
+            nursery.cancel_scope.cancel()
+        return r
+
+    r = trio.run(main)
+    assert r.token_ids == reference_ids(tiny_llama, PROMPT, 16)

@@ -1,0 +1,47 @@
+"""Under load: a 2,000-token conversation over many rounds keeps memory flat apart from the KV cache."""
+import os
+
+import trio
+
+from peers.adaptive import KPolicy
+from peers.chat import Chat, eos_ids, load_tokenizer
+from peers.drafters import Drafter
+from peers.host import Host
+from peers.memory import rss_bytes
+from peers.sampling import SamplingParams
+from sfchat.local import LocalPeers
+from tiny import CORPUS
+
+
+def rss_of(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_long_conversation_memory_is_flat(tiny_llama):
+    async def main():
+        host = Host(str(tiny_llama), say=lambda *a: None)
+        tok = load_tokenizer(host.model_dir)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(host.serve)
+            with LocalPeers(1, host.address, host.token, model=str(tiny_llama)) as lp:
+                await host.wait_members(1, timeout=120)
+                await host.replan()
+                chat = Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
+                samples, rounds = [], 0
+                for turn in range(6):
+                    text = " ".join(CORPUS[turn * 3: turn * 3 + 12])
+                    _, r = await chat.reply(text, drafter=Drafter(), params=SamplingParams(1.0, seed=turn),
+                                            policy=KPolicy(), max_new_tokens=120)
+                    rounds += r.stats.rounds
+                    samples.append((len(chat.tokens), rss_bytes(), rss_of(lp.procs[0].pid)))
+                await host.close()
+            nursery.cancel_scope.cancel()
+        return samples, rounds
+
+    samples, rounds = trio.run(main)
+    assert samples[-1][0] >= 2000 and rounds >= 100, (samples, rounds)
+    # after the first turn (allocator warm-up) neither process grows by more than a few MB
+    (_, h1, p1), (_, h2, p2) = samples[1], samples[-1]
+    assert h2 - h1 < 40 * 2**20, samples
+    assert p2 - p1 < 40 * 2**20, samples
