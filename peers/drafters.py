@@ -65,15 +65,23 @@ class ModelDrafter(Drafter):
     rejected branch is cropped away and, after a fully accepted round, the last drafted token is processed too."""
 
     def __init__(self, model_dir: Path, target_vocab: int, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                 name: str | None = None):
-        from transformers import AutoModelForCausalLM, DynamicCache
+                 name: str | None = None, static: bool | None = None, max_len: int = 4096):
+        from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         self.name = name or Path(model_dir).name
         self.device = device
         self.target_vocab = target_vocab
         self.draft_vocab = self.model.get_input_embeddings().num_embeddings
-        self.cache = DynamicCache(config=self.model.config)
+        cfg = self.model.config
+        self.static = str(device).startswith("cuda") if static is None else static
+        # On CUDA one-token steps dominate and Python kernel launches dominate them: a static cache (fixed
+        # addresses; crop just moves its length back) lets torch.compile capture each step as a CUDA graph.
+        self.max_len = min(max_len, getattr(cfg, "max_position_embeddings", max_len))
+        self.cache = StaticCache(config=cfg, max_cache_len=self.max_len) if self.static else DynamicCache(config=cfg)
+        self.step = self.model
+        if self.static and str(device).startswith("cuda"):
+            self.step = torch.compile(self.model, mode="reduce-overhead", fullgraph=False)
         self.seen: list[int] = []  # tokens whose keys and values are in self.cache
         self.next_logits: torch.Tensor | None = None  # logits after the last token of self.seen
 
@@ -86,7 +94,10 @@ class ModelDrafter(Drafter):
         # an id only the target has (its padded rows) has no embedding here: the draft reads it as id 0
         v = self.draft_vocab
         ids = torch.tensor([[t if t < v else 0 for t in tokens]], device=self.device)
-        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+        if self.static and len(self.seen) + len(tokens) > self.max_len:
+            raise ValueError(f"the draft's static cache holds {self.max_len} positions")
+        run = self.step if len(tokens) == 1 else self.model  # prefills vary in shape: not worth a graph
+        out = run(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
         self.seen += tokens
         self.next_logits = out.logits[0, -1].float()
 
