@@ -15,19 +15,16 @@ from pathlib import Path
 import torch
 import trio
 
-from . import links, models, validate, wire
+from . import links, models, tensors, validate, wire
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr
+from .errors import RingError
 from .fingerprint import config_fingerprint, span_fingerprint
 from .memory import default_device, free_bytes, rss_bytes
 from .plan import split_layers
 from .shard import SessionCache, Shard, Span, load_config
 
 log = logging.getLogger("sfchat.host")
-
-
-class RingError(Exception):
-    """A pass around the ring failed (a member is lost or refused the frame)."""
 
 
 @dataclass
@@ -337,7 +334,7 @@ class Host:
             try:
                 await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
                                            "committed": committed, "n_logits": n_logits,
-                                           "x": wire.pack_tensor(h[:, :, :]), "trace": []})
+                                           "x": tensors.pack_tensor(h[:, :, :]), "trace": []})
                 reply = await self._await_reply(recv, self.pass_timeout(len(ids)))
             except (ChannelClosed, trio.TooSlowError) as e:
                 s.epoch = -1  # caches unknown: replay from scratch next time

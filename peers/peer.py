@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from . import links, models, validate, wire
+from . import links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr
 from .memory import default_device, free_bytes, rss_bytes
@@ -194,7 +194,7 @@ class Peer:
             self.sessions.pop(sid, None)
             return await self._fail(msg, f"{self.name}: {e}")
         ms = (time.perf_counter() - t0) * 1e3
-        msg["x"] = wire.pack_tensor(h)
+        msg["x"] = tensors.pack_tensor(h)
         msg["trace"].append([self.name, round(ms, 3)])
         await self._send_next(msg)
         self._gc_sessions()

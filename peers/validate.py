@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import wire
+from . import tensors, wire
 
 MAX_TOKENS_PER_FRAME = 8192
 
@@ -26,7 +26,7 @@ def forward_frame(msg: dict, hidden_size: int) -> torch.Tensor:
     need(msg, "n_logits", int, 0)
     if not isinstance(msg.get("trace"), list) or len(msg["trace"]) > 64:
         raise wire.WireError("fwd: 'trace' must be a short list")
-    x = wire.unpack_tensor(msg.get("x"))
+    x = tensors.unpack_tensor(msg.get("x"))
     ok = x.is_floating_point() and x.dim() == 3 and x.shape[2] == hidden_size
     if not ok or x.shape[0] != 1 or not 0 < x.shape[1] <= MAX_TOKENS_PER_FRAME:
         raise wire.WireError(f"fwd: tensor of {x.dtype} {list(x.shape)} does not fit this stage (hidden {hidden_size})")

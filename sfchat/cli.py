@@ -12,7 +12,7 @@ import trio
 from peers import models
 from peers.auth import AuthError
 from peers.channel import ChannelClosed
-from peers.host import RingError
+from peers.errors import RingError
 
 MODEL_HELP = "a model directory, a hub id in the local Hugging Face cache, a .gguf file, or smollm2-135m (default)"
 
@@ -57,16 +57,32 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:7340", help="HOST:PORT to accept members on (0.0.0.0 for a LAN)")
     p.add_argument("--token", help="join token (default: a random one)")
     p.add_argument("--headless", action="store_true", help="a plain prompt loop instead of the TUI")
+    p.add_argument("--relay", metavar="HOST:PORT", help="also be reachable through this relay (the invite uses it)")
+    p.add_argument("--resume", nargs="?", const="last", metavar="CHAT",
+                   help="reopen the latest saved chat, or the one named (the TUI)")
+    p.set_defaults(temperature=None)  # unset: the user's setting (`sfchat config`), 0.7 out of the box
+
+    p = sub.add_parser("config", help="print the path of the settings file (written with defaults if missing)")
 
     p = sub.add_parser("join", help="join a ring as a peer")
-    p.add_argument("address", help="the host's HOST:PORT")
+    p.add_argument("address", help="the host's HOST:PORT, or relay://RELAY/RING/host from a relayed invite")
     p.add_argument("--token", required=True)
     _model_args(p)
     p.add_argument("--listen", default="0.0.0.0:0", help="HOST:PORT for hidden states from the previous hop")
     p.add_argument("--advertise", help="HOST:PORT others should use to reach this peer")
     p.add_argument("--offer-gb", type=float, help="memory to offer (default: what is free)")
     p.add_argument("--name", default="peer")
+    p.add_argument("--relay", metavar="HOST:PORT", help="be reachable through this relay (implied by a relay:// address)")
     p.add_argument("--headless", action="store_true", help="a plain log instead of the peer screen")
+
+    p = sub.add_parser("relay", help="forward members' connections between networks (optionally shaped)")
+    from peers.relay import add_arguments as relay_arguments
+    relay_arguments(p)
+
+    p = sub.add_parser("bench", help="tokens/s of transformers and the ring over links of given round-trip times")
+    _model_args(p)
+    from .bench import add_arguments as bench_arguments
+    bench_arguments(p)
     return ap
 
 
@@ -114,21 +130,56 @@ def cmd_ask(args) -> int:
 
 
 def cmd_host(args) -> int:
-    from .repl import host_repl
+    from . import settings
 
-    return trio.run(host_repl, args)
+    settings.apply_to_args(args, settings.load())
+    if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        from .repl import host_repl
+
+        return trio.run(host_repl, args)
+    from .tui import run_host
+
+    return run_host(args)
 
 
 def cmd_join(args) -> int:
+    if not args.headless and sys.stdin.isatty() and sys.stdout.isatty():
+        from .tui import run_peer
+
+        return run_peer(args)
     from peers.peer import Peer
 
     peer = Peer(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
-                device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb, name=args.name)
+                device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb, name=args.name,
+                relay=args.relay)
     trio.run(peer.run)
     return 0
 
 
-COMMANDS = {"pull": cmd_pull, "ask": cmd_ask, "host": cmd_host, "join": cmd_join}
+def cmd_config(args) -> int:
+    from . import settings
+
+    path = settings.path()
+    if not path.exists():
+        settings.save(settings.Settings())
+    print(path)
+    return 0
+
+
+def cmd_relay(args) -> int:
+    from peers.relay import run_cli
+
+    return run_cli(args)
+
+
+def cmd_bench(args) -> int:
+    from .bench import bench
+
+    return trio.run(bench, args)
+
+
+COMMANDS = {"pull": cmd_pull, "ask": cmd_ask, "host": cmd_host, "join": cmd_join, "config": cmd_config,
+            "relay": cmd_relay, "bench": cmd_bench}
 
 
 def finite(x):

@@ -9,7 +9,7 @@ import torch
 import trio
 
 from helpers import reference_ids
-from peers import auth, wire
+from peers import auth, tensors, wire
 from peers.adaptive import KPolicy
 from peers.auth import client_handshake
 from peers.channel import Channel, ChannelClosed, parse_addr
@@ -61,13 +61,13 @@ GARBAGE = [
 def bad_frames(hidden: int, epoch: int) -> list[dict]:
     ok = dict(t="fwd", epoch=epoch, sid="evil", seq=0, committed=0, n_logits=1, trace=[])
     return [
-        ok | {"x": wire.pack_tensor(torch.zeros(1, 3, hidden + 1))},  # wrong hidden size
-        ok | {"x": wire.pack_tensor(torch.zeros(3, hidden))},  # wrong rank
+        ok | {"x": tensors.pack_tensor(torch.zeros(1, 3, hidden + 1))},  # wrong hidden size
+        ok | {"x": tensors.pack_tensor(torch.zeros(3, hidden))},  # wrong rank
         ok | {"x": {"dtype": "float32", "shape": [1, 2, hidden], "data": b"\0" * 7}},  # lying shape
-        ok | {"x": wire.pack_tensor(torch.zeros(1, 1, hidden, dtype=torch.int64))},  # wrong dtype
-        ok | {"committed": -5, "x": wire.pack_tensor(torch.zeros(1, 1, hidden))},
-        ok | {"sid": 7, "x": wire.pack_tensor(torch.zeros(1, 1, hidden))},
-        ok | {"trace": "nope", "x": wire.pack_tensor(torch.zeros(1, 1, hidden))},
+        ok | {"x": tensors.pack_tensor(torch.zeros(1, 1, hidden, dtype=torch.int64))},  # wrong dtype
+        ok | {"committed": -5, "x": tensors.pack_tensor(torch.zeros(1, 1, hidden))},
+        ok | {"sid": 7, "x": tensors.pack_tensor(torch.zeros(1, 1, hidden))},
+        ok | {"trace": "nope", "x": tensors.pack_tensor(torch.zeros(1, 1, hidden))},
         {"t": "assign", "epoch": 3},  # a control message on a data link
         {"t": "who-knows"},
     ]

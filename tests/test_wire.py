@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from peers import wire
+from peers import tensors, wire
 
 MSG = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.text(max_size=20) | st.binary(max_size=40),
                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12)
@@ -54,14 +54,14 @@ def test_deep_nesting_is_refused():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64])
 def test_tensor_round_trip(dtype):
     t = (torch.randn(1, 3, 8) * 100).to(dtype)
-    back = wire.unpack_tensor(wire.decode_body(wire.encode({"t": "x", "x": wire.pack_tensor(t)})[4:])["x"])
+    back = tensors.unpack_tensor(wire.decode_body(wire.encode({"t": "x", "x": tensors.pack_tensor(t)})[4:])["x"])
     assert back.dtype == dtype and torch.equal(back, t)
 
 
 def test_wire_dtype_conversion():
     t = torch.randn(1, 2, 4)
-    d = wire.pack_tensor(t, torch.float16)
-    assert d["dtype"] == "float16" and torch.allclose(wire.unpack_tensor(d).float(), t, atol=1e-2)
+    d = tensors.pack_tensor(t, torch.float16)
+    assert d["dtype"] == "float16" and torch.allclose(tensors.unpack_tensor(d).float(), t, atol=1e-2)
 
 
 @pytest.mark.parametrize("bad", [
@@ -75,7 +75,7 @@ def test_wire_dtype_conversion():
 ])
 def test_bad_tensors_are_refused(bad):
     with pytest.raises(wire.WireError):
-        wire.unpack_tensor(bad)
+        tensors.unpack_tensor(bad)
 
 
 @given(st.dictionaries(st.sampled_from(["dtype", "shape", "data", "x"]),
@@ -83,6 +83,6 @@ def test_bad_tensors_are_refused(bad):
                        | st.lists(st.integers(-3, 1 << 40), max_size=5)))
 def test_tensor_decoding_is_total(d):
     try:
-        wire.unpack_tensor(d)
+        tensors.unpack_tensor(d)
     except wire.WireError:
         pass

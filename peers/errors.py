@@ -1,0 +1,5 @@
+"""Errors the application shows the user in one line."""
+
+
+class RingError(Exception):
+    """A pass around the ring failed (a member is lost or refused the frame)."""

@@ -1,0 +1,269 @@
+"""The relay: named endpoints spliced over real sockets on 127.0.0.1, bounded buffers, and link shaping."""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+from transformers import AutoModelForCausalLM
+
+from peers import links
+from peers.auth import AuthError, client_handshake
+from peers.channel import Channel, parse_addr
+from peers.host import Host
+from peers.relay import Relay
+from sfchat.local import LocalPeers
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def relay_process(*flags: str):
+    """A real `sfchat relay` process on a free port; yields (HOST:PORT, process)."""
+    proc = subprocess.Popen([sys.executable, "-m", "sfchat", "relay", "--listen", "127.0.0.1:0", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("relay listening on "), line + proc.stderr.read()
+        yield line.split()[3], proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def echo(stream) -> None:
+    while data := await stream.receive_some(65536):
+        await stream.send_all(data)
+
+
+async def round_trips(stream, n: int, size: int = 64) -> list[float]:
+    """Milliseconds of n ping-pongs of `size` bytes."""
+    out = []
+    for i in range(n):
+        msg = bytes([i % 256]) * size
+        t0 = time.perf_counter()
+        await stream.send_all(msg)
+        got = b""
+        while len(got) < size:
+            got += await stream.receive_some(size - len(got))
+        out.append((time.perf_counter() - t0) * 1e3)
+        assert got == msg
+    return out
+
+
+def rss_kb(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_addresses():
+    assert links.parse_relay("relay://10.0.0.1:7341/abc/host") == ("10.0.0.1:7341", "abc/host")
+    assert links.host_return("relay://r:1/abc/host", 7340) == "relay://r:1/abc/host"
+    assert links.host_return("192.168.1.2:7340", 9999) == "192.168.1.2:9999"
+    assert links.member_endpoint("relay://r:1/abc/host", "my peer!").startswith("abc/my-peer--")
+    assert links.relay_of("relay://r:1/abc/host", None) == "r:1" and links.relay_of("h:1", None) is None
+    with pytest.raises(ValueError):
+        links.parse_relay("relay://r:1")
+
+
+def test_splice_names_and_misbehaving_clients():
+    """Bytes arrive intact both ways; unknown, taken and vanished names fail cleanly; junk never hurts the relay."""
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            relay = Relay()
+            addr = await nursery.start(relay.serve, "127.0.0.1:0")
+            scope = trio.CancelScope()
+
+            async def endpoint(task_status=trio.TASK_STATUS_IGNORED):
+                with scope:
+                    await links.serve(echo, None, addr, "ring1/echo", task_status=task_status)
+
+            got = await nursery.start(endpoint)
+            assert got.relay_address == f"relay://{addr}/ring1/echo" and got.port == 0
+            stream = await links.dial(got.relay_address)
+            blob = os.urandom(1 << 20)
+            async with trio.open_nursery() as n:
+                n.start_soon(stream.send_all, blob)
+                back = b""
+                while len(back) < len(blob):
+                    back += await stream.receive_some(1 << 16)
+            assert back == blob
+
+            with pytest.raises(links.LinkError, match="no endpoint"):
+                await links.dial(f"relay://{addr}/ring1/nobody")
+            with pytest.RaisesGroup(pytest.RaisesExc(links.LinkError, match="taken"), flatten_subgroups=True):
+                await links.serve(echo, None, addr, "ring1/echo")
+            # junk: raw garbage, a frame of the wrong kind, a hang-up mid-request, a huge frame, a bogus accept
+            for junk in (b"\xff" * 64, b"\x00\x00\x00\x05\xa1atbad", b"\x00\x00", b"\x03\xff\xff\xff" + b"z" * 4096):
+                s = await trio.open_tcp_stream(*parse_addr(addr))
+                await s.send_all(junk)
+                await s.aclose()
+            ch = Channel(await trio.open_tcp_stream(*parse_addr(addr)))
+            await ch.send({"t": "accept", "id": "0123456789abcdef"})
+            assert (await ch.recv())["t"] == "error"
+            # the spliced connection still works
+            assert len(await round_trips(stream, 3)) == 3
+            # the endpoint vanishes: its name is free again, dialing it fails
+            scope.cancel()
+            await stream.aclose()
+            with trio.fail_after(5):
+                while "ring1/echo" in relay.endpoints:
+                    await trio.sleep(0.02)
+            with pytest.raises(links.LinkError):
+                await links.dial(got.relay_address)
+            again = await nursery.start(links.serve, echo, None, addr, "ring1/echo")
+            s2 = await links.dial(again.relay_address)
+            assert len(await round_trips(s2, 2)) == 2
+            await s2.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("shaping", [[], ["--delay-ms", "2", "--rate-mbit", "2000"]], ids=["plain", "shaped"])
+def test_backpressure_bounds_memory(shaping):
+    """A receiver that stops reading stops the sender; the relay's memory stays flat; nothing is lost."""
+    with relay_process(*shaping) as (addr, proc):
+        async def main():
+            reading, finished = trio.Event(), trio.Event()
+            sent, received = [0], [0]
+
+            async def slow(stream):
+                await reading.wait()
+                while data := await stream.receive_some(1 << 16):
+                    received[0] += len(data)
+                finished.set()
+
+            async def sender(stream):
+                chunk = b"x" * (1 << 16)
+                while sent[0] < (256 << 20) and not reading.is_set():  # an unbounded relay would take it all
+                    await stream.send_all(chunk)
+                    sent[0] += len(chunk)
+                for _ in range(128):  # then 8 MiB more once the receiver reads again
+                    await stream.send_all(chunk)
+                    sent[0] += len(chunk)
+                await stream.send_eof()
+
+            async with trio.open_nursery() as nursery:
+                got = await nursery.start(links.serve, slow, None, addr, "bp/sink")
+                stream = await links.dial(got.relay_address)
+                rss0 = rss_kb(proc.pid)
+                nursery.start_soon(sender, stream)
+                last = -1
+                while sent[0] != last:  # wait until the sender has been stuck for a second
+                    last = sent[0]
+                    await trio.sleep(1)
+                grown = rss_kb(proc.pid) - rss0
+                print(f"sender blocked after {sent[0] / 2**20:.1f} MiB; relay RSS grew by {grown / 1024:.1f} MiB")
+                assert sent[0] < 96 << 20  # kernel socket buffers on both legs, plus the relay's bounded queue
+                assert grown < 16 << 10
+                reading.set()
+                with trio.fail_after(20):
+                    await finished.wait()
+                assert received[0] == sent[0]
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+
+
+def test_shaping_adds_the_asked_delay():
+    """--delay-ms 25 adds 50 ms to a round trip (within a few ms); jitter keeps the delay within its band."""
+    with relay_process("--delay-ms", "25") as (addr, _):
+        async def main():
+            async with trio.open_nursery() as nursery:
+                got = await nursery.start(links.serve, echo, "127.0.0.1:0", addr, "shape/echo")
+                direct = await links.dial(f"127.0.0.1:{got.port}")
+                relayed = await links.dial(got.relay_address)
+                await round_trips(relayed, 2)
+                d, r = await round_trips(direct, 20), await round_trips(relayed, 20)
+                added = statistics.median(r) - statistics.median(d)
+                print(f"direct {statistics.median(d):.2f} ms, relayed {statistics.median(r):.2f} ms: +{added:.2f} ms")
+                assert 49.5 <= added <= 54 and min(r) >= 50
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+    with relay_process("--delay-ms", "20", "--jitter-ms", "10") as (addr, _):
+        async def jittered():
+            async with trio.open_nursery() as nursery:
+                got = await nursery.start(links.serve, echo, None, addr, "shape/jitter")
+                relayed = await links.dial(got.relay_address)
+                r = await round_trips(relayed, 30)  # also checks every byte came back in order
+                print(f"jittered round trips: min {min(r):.1f}, median {statistics.median(r):.1f}, max {max(r):.1f} ms")
+                assert min(r) >= 20 and max(r) <= 66 and statistics.pstdev(r) > 2
+                nursery.cancel_scope.cancel()
+
+        trio.run(jittered)
+
+
+def test_shaping_caps_the_rate():
+    """--rate-mbit 16 (2 MB/s): 1 MiB one way takes at least ~0.5 s, and arrives intact."""
+    with relay_process("--rate-mbit", "16") as (addr, _):
+        async def main():
+            done, blob = trio.Event(), os.urandom(1 << 20)
+            got_bytes = bytearray()
+
+            async def sink(stream):
+                while len(got_bytes) < len(blob) and (data := await stream.receive_some(1 << 16)):
+                    got_bytes.extend(data)
+                done.set()
+
+            async with trio.open_nursery() as nursery:
+                got = await nursery.start(links.serve, sink, None, addr, "rate/sink")
+                stream = await links.dial(got.relay_address)
+                t0 = time.perf_counter()
+                await stream.send_all(blob)
+                await done.wait()
+                seconds = time.perf_counter() - t0
+                print(f"1 MiB at a 16 Mbit/s cap: {seconds:.3f} s = {len(blob) * 8 / seconds / 1e6:.1f} Mbit/s")
+                assert bytes(got_bytes) == blob
+                assert seconds >= 0.9 * len(blob) / 2e6
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+
+
+def test_ring_through_relay(tiny_llama):
+    """Host and two peer processes meet only through a relay process; logits equal plain transformers'.
+    The relay never sees the token, and a dialer without it is refused end to end."""
+    ref = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    with relay_process() as (addr, proc):
+        async def main():
+            host = Host(str(tiny_llama), say=lambda *a: None, relay=addr)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(host.serve)
+                assert host.invite().startswith(f"sfchat join relay://{addr}/") and host.invite().endswith(host.token)
+                with LocalPeers(2, host.relay_address, host.token, model=str(tiny_llama)):
+                    await host.wait_members(2, timeout=60)
+                    await host.replan()
+                    assert len(host.ring) == 2 and all(m.data_addr.startswith(f"relay://{addr}/") for m in host.ring)
+                    rs, tokens = host.new_session("s1"), [5, 17, 42, 99, 7]
+                    for _ in range(4):
+                        logits, timing = await host.forward(rs, tokens, [])
+                        with torch.no_grad():
+                            want = ref(torch.tensor([tokens])).logits[0, -1]
+                        torch.testing.assert_close(logits[-1], want, atol=1e-4, rtol=1e-4)
+                        assert len(timing["peers"]) == 2
+                        tokens.append(int(want.argmax()))
+                        rs.ring_len = len(tokens) - 1
+                    intruder = Channel(await links.dial(host.relay_address))
+                    with pytest.raises(AuthError):
+                        await client_handshake(intruder, "not-the-token", "join")
+                    await host.close()
+                nursery.cancel_scope.cancel()
+            return host.token
+
+        token = trio.run(main)
+        proc.terminate()
+        log = proc.stderr.read()
+    assert "registered" in log and "connected" in log and token not in log
