@@ -34,7 +34,11 @@ async def client_handshake(ch: Channel, token: str, role: str, **hello) -> dict:
     """Prove we hold the token and check the server does too. Returns the server's welcome."""
     nc = secrets.token_bytes(NONCE)
     await ch.send({"t": "hello", "role": role, "nonce": nc, **hello})
-    msg = await ch.recv(timeout=HANDSHAKE_S)
+    try:
+        msg = await ch.recv(timeout=HANDSHAKE_S)
+    except ChannelClosed as e:
+        raise AuthError(f"the other side hung up before the handshake ({e}); if its ring uses TLS, "
+                        "use the exact command from its invite (with --tls)") from None
     if msg["t"] == "error":
         raise AuthError(str(msg.get("error")))
     ns = msg.get("nonce")

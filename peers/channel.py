@@ -71,7 +71,7 @@ class Channel:
 
 
 def set_nodelay(stream: trio.abc.Stream) -> None:
-    sock = getattr(stream, "socket", None)
+    sock = getattr(getattr(stream, "transport_stream", stream), "socket", None)
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 

@@ -140,15 +140,20 @@ class ModelDrafter(Drafter):
 def make_drafter(spec: str | None, target_dir: Path, target_vocab: int, tokenizer, device: str = "cpu",
                  say=print) -> Drafter:
     """`none`, `ngram`, or a model (same names as --model). No spec: the best drafter known for the target."""
-    from . import models
+    from . import distill, models
 
     if spec in (None, "", "auto"):
+        # the draft distilled for the embedded default and shipped in assets/drafts, if there is one
+        if (shipped := distill.shipped_draft(target_dir)) is not None:
+            return distill.load(shipped, tokenizer, target_vocab, device=device, name=f"{models.DEFAULT_MODEL}-draft")
         spec = "ngram"
     if spec == "none":
         return Drafter()
     if spec == "ngram":
         return NgramDrafter()
     draft_dir = models.resolve(spec, say=say)
+    if distill.is_distilled(draft_dir):  # made by `sfchat distill`: its own vocabulary, checked by fingerprint
+        return distill.load(draft_dir, tokenizer, target_vocab, device=device, name=spec)
     check_same_tokenizer(tokenizer, draft_dir)
     return ModelDrafter(draft_dir, target_vocab, device=device, name=spec)
 

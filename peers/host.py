@@ -19,6 +19,7 @@ from . import links, models, tensors, validate, wire
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr
 from .errors import RingError
+from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint, span_fingerprint
 from .memory import default_device, free_bytes, rss_bytes
 from .plan import split_layers
@@ -40,6 +41,7 @@ class Member:
     span: Span | None = None
     rtt_ms: float = math.nan
     rss: int = 0
+    tls_fingerprint: str = ""
     rss_before: int = 0  # before it loaded anything: rss - rss_before is what its span costs
     last_seen: float = field(default_factory=time.monotonic)
     ready: trio.Event = field(default_factory=trio.Event)
@@ -66,12 +68,13 @@ class Host:
     def __init__(self, model: str | None = None, *, token: str | None = None, listen: str = "127.0.0.1:0",
                  device: str | None = None, dtype: str = "float32", quant: str = "none",
                  offer_gb: float | None = None, heartbeat_s: float = 1.0, dead_after_s: float = 4.0,
-                 say=print, on_change=None,
+                 say=print, on_change=None, tls: bool = False,
                  relay: str | None = None):
         self.model_spec = model or models.DEFAULT_MODEL
         self.token = token or new_token()
         self.listen = listen
         self.relay, self.relay_address = relay, ""  # relay://… once registered
+        self.tls = TLSEndpoint(tls, "host")
         self.device = device or default_device()
         self.dtype, self.quant, self.offer_gb = dtype, quant, offer_gb
         self.heartbeat_s, self.dead_after_s = heartbeat_s, dead_after_s
@@ -112,9 +115,15 @@ class Host:
         return f"{host}:{self.port}"
 
     def invite(self) -> str:
-        return f"sfchat join {self.relay_address or self.address} --token {self.token}"
+        tls = f" --tls {self.tls.fingerprint}" if self.tls.enabled else ""
+        return f"sfchat join {self.relay_address or self.address} --token {self.token}{tls}"
 
     async def _accept(self, stream: trio.SocketStream) -> None:
+        try:
+            stream = await self.tls.accept(stream)
+        except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
+            log.warning("TLS handshake with %s failed: %s", _peername(stream), e)
+            return
         ch = Channel(stream, "incoming", read_timeout=3600)
         try:
             hello = await server_handshake(ch, self.token, {"member": 0})
@@ -148,6 +157,9 @@ class Host:
                    str(offer.get("device", "?"))[:20], validate.need(offer, "free_bytes", int, 0),
                    str(offer.get("dtype", "float32")))
         m.rss_before = int(offer.get("rss_bytes") or 0)
+        m.tls_fingerprint = str(offer.get("tls_fingerprint") or "")
+        if self.tls.enabled and not m.tls_fingerprint:
+            raise wire.WireError("this ring uses TLS: the member must have a certificate too")
         ch.name = f"member {m.id}"
         self.members.append(m)
         log.info("member %d (%s) joined from %s offering %.1f GB on %s", m.id, m.name, addr, m.free_bytes / 2**30, m.device)
@@ -246,13 +258,14 @@ class Host:
                                   quant=self.quant, device=self.device))
             for i, m in enumerate(ring):
                 nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"
+                pin = ring[i + 1].tls_fingerprint if i + 1 < len(ring) else self.tls.fingerprint
                 try:
                     await m.ctl.send({"t": "assign", "epoch": epoch, "model": self.model_spec,
                                       "config_fingerprint": self.fingerprint,
                                       "span_fingerprint": await trio.to_thread.run_sync(
                                           span_fingerprint, self.model_dir, m.span.start, m.span.end),
                                       "start": m.span.start,
-                                      "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt,
+                                      "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt, "next_tls": pin,
                                       "host_port": self.port})
                 except ChannelClosed:
                     m.state = "lost"
@@ -269,7 +282,8 @@ class Host:
                 await self.first_hop.aclose()
                 self.first_hop = None
             if ring:
-                self.first_hop = Channel(await links.dial(ring[0].data_addr), "first hop")
+                stream = await TLSEndpoint.dial(await links.dial(ring[0].data_addr), ring[0].tls_fingerprint)
+                self.first_hop = Channel(stream, "first hop")
                 from .auth import client_handshake
                 await client_handshake(self.first_hop, self.token, "data")
             self.ring, self.epoch = ring, epoch

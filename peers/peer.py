@@ -17,6 +17,7 @@ from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr
 from .memory import default_device, free_bytes, rss_bytes
 from .shard import Shard, Span
+from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint, span_fingerprint
 
 log = logging.getLogger("sfchat.peer")
@@ -44,12 +45,14 @@ class Peer:
     def __init__(self, host_addr: str, token: str, *, model: str | None = None, listen: str = "0.0.0.0:0",
                  advertise: str | None = None, device: str | None = None, dtype: str = "float32",
                  quant: str = "none", offer_gb: float | None = None, name: str = "peer", on_change=None,
-                 relay: str | None = None):
+                 relay: str | None = None, tls_pin: str | None = None):
         self.host_addr, self.token, self.model_spec = host_addr, token, model
         self.listen, self.advertise, self.dtype, self.quant = listen, advertise, dtype, quant
         self.device = device or default_device()
         self.offer_gb, self.name = offer_gb, name
         self.relay = links.relay_of(host_addr, relay)  # also reachable through it, if any
+        self.tls_pin = tls_pin  # the host's certificate fingerprint from the invite: the ring uses TLS
+        self.tls = TLSEndpoint(bool(tls_pin), f"peer-{name}")
         self.shard: Shard | None = None
         self.shard_dir = None
         self.epoch = -1
@@ -70,13 +73,13 @@ class Peer:
             got = await nursery.start(partial(links.serve, self._serve_data, self.listen, self.relay,
                                               links.member_endpoint(self.host_addr, self.name), default_host="0.0.0.0"))
             my_port, self.advertise = got.port, self.advertise or got.relay_address or None
-            stream = await links.dial(self.host_addr)
+            stream = await TLSEndpoint.dial(await links.dial(self.host_addr), self.tls_pin)
             ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # the host pings every second
             welcome = await client_handshake(ctl, self.token, "join", name=self.name)
             offer = self.offer_gb * 2**30 if self.offer_gb is not None else free_bytes(self.device)
             await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
                             "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant,
-                            "rss_bytes": rss_bytes()})
+                            "rss_bytes": rss_bytes(), "tls_fingerprint": self.tls.fingerprint})
             log.info("joined %s as %s; data port %d", self.host_addr, welcome.get("member", "?"), my_port)
             self._changed(state="joined")
             task_status.started(my_port)
@@ -148,12 +151,18 @@ class Peer:
         nxt = validate.need(msg, "next", str)
         if nxt == "@host":  # the last member returns to the host at the address it reached it by
             nxt = links.host_return(self.host_addr, validate.need(msg, 'host_port', int, 1))
-        self.next = Channel(await links.dial(nxt), f"next {nxt}")
+        stream = await TLSEndpoint.dial(await links.dial(nxt), msg.get("next_tls") or None)
+        self.next = Channel(stream, f"next {nxt}")
         await client_handshake(self.next, self.token, "data")
         self.epoch = epoch
         self._changed(state="ready", next_hop=nxt, rss=rss_bytes(), sessions=0)
 
     async def _serve_data(self, stream: trio.SocketStream) -> None:
+        try:
+            stream = await self.tls.accept(stream)
+        except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
+            log.warning("TLS handshake on a data link failed: %s", e)
+            return
         ch = Channel(stream, "prev hop", read_timeout=3600)
         try:
             await server_handshake(ch, self.token)

@@ -87,3 +87,21 @@ async def wrap_client(stream: trio.abc.Stream, pin: str) -> trio.SSLStream:
         raise PinError(f"TLS certificate fingerprint {got[:16]}… is not the expected {pin[:16]}… "
                        "(wrong address, or someone in between)")
     return s
+
+
+class Endpoint:
+    """One process's TLS identity, or none (plain TCP): wraps what it accepts, pins what it dials."""
+
+    def __init__(self, enabled: bool, name: str):
+        self.enabled = enabled
+        self.fingerprint = ""
+        if enabled:
+            cert, key = ensure_cert(name)
+            self.context, self.fingerprint = server_context(cert, key), fingerprint(cert)
+
+    async def accept(self, stream: trio.abc.Stream) -> trio.abc.Stream:
+        return await wrap_server(stream, self.context) if self.enabled else stream
+
+    @staticmethod
+    async def dial(stream: trio.abc.Stream, pin: str | None) -> trio.abc.Stream:
+        return await wrap_client(stream, pin) if pin else stream

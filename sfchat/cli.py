@@ -58,6 +58,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--token", help="join token (default: a random one)")
     p.add_argument("--headless", action="store_true", help="a plain prompt loop instead of the TUI")
     p.add_argument("--relay", metavar="HOST:PORT", help="also be reachable through this relay (the invite uses it)")
+    p.add_argument("--tls", action="store_true", help="encrypt every ring link (self-signed, pinned by the invite)")
     p.add_argument("--resume", nargs="?", const="last", metavar="CHAT",
                    help="reopen the latest saved chat, or the one named (the TUI)")
     p.set_defaults(temperature=None)  # unset: the user's setting (`sfchat config`), 0.7 out of the box
@@ -73,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--offer-gb", type=float, help="memory to offer (default: what is free)")
     p.add_argument("--name", default="peer")
     p.add_argument("--relay", metavar="HOST:PORT", help="be reachable through this relay (implied by a relay:// address)")
+    p.add_argument("--tls", metavar="FINGERPRINT", help="the host's certificate fingerprint (from a --tls invite)")
     p.add_argument("--headless", action="store_true", help="a plain log instead of the peer screen")
 
     p = sub.add_parser("relay", help="forward members' connections between networks (optionally shaped)")
@@ -83,6 +85,12 @@ def parser() -> argparse.ArgumentParser:
     _model_args(p)
     from .bench import add_arguments as bench_arguments
     bench_arguments(p)
+
+    p = sub.add_parser("distill", help="train a small draft model for --model by self-distillation (resumable)")
+    p.add_argument("--model", help=MODEL_HELP)
+    p.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda if present)")
+    from .distill import add_arguments as distill_arguments
+    distill_arguments(p)
     return ap
 
 
@@ -134,6 +142,8 @@ def cmd_host(args) -> int:
 
     settings.apply_to_args(args, settings.load())
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        if args.resume:
+            raise ValueError("--resume reopens a chat on the chat screen: run it in a terminal, without --headless")
         from .repl import host_repl
 
         return trio.run(host_repl, args)
@@ -151,7 +161,7 @@ def cmd_join(args) -> int:
 
     peer = Peer(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
                 device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb, name=args.name,
-                relay=args.relay)
+                relay=args.relay, tls_pin=args.tls)
     trio.run(peer.run)
     return 0
 
@@ -178,8 +188,14 @@ def cmd_bench(args) -> int:
     return trio.run(bench, args)
 
 
+def cmd_distill(args) -> int:
+    from .distill import run
+
+    return run(args)
+
+
 COMMANDS = {"pull": cmd_pull, "ask": cmd_ask, "host": cmd_host, "join": cmd_join, "config": cmd_config,
-            "relay": cmd_relay, "bench": cmd_bench}
+            "relay": cmd_relay, "bench": cmd_bench, "distill": cmd_distill}
 
 
 def finite(x):

@@ -28,7 +28,7 @@ class Ring:
 def build_host(args, **kw) -> Host:
     return Host(args.model, token=getattr(args, "token", None), listen=getattr(args, "listen", None) or "127.0.0.1:0",
                 dtype=args.dtype, quant=args.quant, device=getattr(args, "device", None), say=say,
-                relay=getattr(args, "relay", None), **kw)
+                relay=getattr(args, "relay", None), tls=bool(getattr(args, "tls", False)), **kw)
 
 
 @asynccontextmanager
@@ -40,7 +40,8 @@ async def open_ring(args, *, wait_peers: int = 0, announce: bool = True, host: H
         await nursery.start(host.serve)
         n_local = getattr(args, "local_peers", 0) or 0
         local = LocalPeers(n_local, host.relay_address or host.address, host.token, model=args.model,
-                           dtype=args.dtype, quant=args.quant) if n_local else None
+                           dtype=args.dtype, quant=args.quant,
+                           extra=["--tls", host.tls.fingerprint] if host.tls.enabled else None) if n_local else None
         try:
             if wait_peers and announce:
                 say(f"Waiting for {wait_peers} peer(s). On each, run:\n  {host.invite()}")

@@ -2,7 +2,7 @@
 
 It is saved as an ordinary transformers causal LM whose rows are: 0 = "any other token", then the target's most
 frequent tokens (as EAGLE-3 / FR-Spec do: the LM head is most of a small draft's cost, and rare tokens are
-rarely accepted anyway). draft_vocab.json maps rows back to target ids. Embedding and head are the target's
+rarely accepted anyway). draft_vocab.json maps rows back to target ids; distill.json says how it was made. Embedding and head are the target's
 rows, frozen; the layers and the final norm are what training changes. Verification is unchanged: the draft
 proposes target ids, and its q is zero outside its vocabulary.
 """
@@ -20,7 +20,8 @@ from ..drafters import ModelDrafter
 from ..fingerprint import config_fingerprint
 from ..models import DEFAULT_MODEL, ModelError
 
-VOCAB_FILE = "draft_vocab.json"
+VOCAB_FILE = "draft_vocab.json"  # [target id of row 1, of row 2, ...]
+META_FILE = "distill.json"  # the recipe, the counts reached, the target's identity, measured agreement
 OTHER = 0  # the row every target id outside the draft's vocabulary reads as
 
 
@@ -55,7 +56,7 @@ def init_draft(target, ids: list[int], n_layers: int):
     if hasattr(cfg, "max_window_layers"):
         cfg.max_window_layers = n_layers
     draft = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    src, dst = target.model, draft.model
+    src, dst = target.base_model, draft.base_model
     keep = torch.tensor(ids)
     with torch.no_grad():
         for j, i in enumerate(chosen):
@@ -69,27 +70,28 @@ def init_draft(target, ids: list[int], n_layers: int):
         if not cfg.tie_word_embeddings:
             draft.lm_head.weight[1:] = target.lm_head.weight.float()[keep]
             draft.lm_head.weight[OTHER] = 0
-    draft.model.embed_tokens.requires_grad_(False)
-    draft.lm_head.requires_grad_(False)
+    draft.get_input_embeddings().requires_grad_(False)
+    draft.get_output_embeddings().requires_grad_(False)
     return draft.float()
 
 
 def save_draft(draft, ids: list[int], out: Path, meta: dict) -> None:
-    """Write the draft (bfloat16: half the bytes, no measurable change in agreement) and its vocabulary."""
+    """Write the draft (bfloat16: half the bytes, no measurable change in agreement), its vocabulary, its recipe."""
     out.mkdir(parents=True, exist_ok=True)
     copy.deepcopy(draft).to(torch.bfloat16).save_pretrained(out)
-    tmp = out / (VOCAB_FILE + ".tmp")
-    tmp.write_text(json.dumps({"target_ids": ids, **meta}, indent=1))
-    os.replace(tmp, out / VOCAB_FILE)
+    for name, text in ((VOCAB_FILE, json.dumps(ids)), (META_FILE, json.dumps(meta, indent=1))):
+        tmp = out / (name + ".tmp")
+        tmp.write_text(text + "\n")
+        os.replace(tmp, out / name)
 
 
 def is_distilled(d: Path) -> bool:
     d = Path(d)
-    return (d / VOCAB_FILE).is_file() and (d / "config.json").is_file() and any(d.glob("*.safetensors"))
+    return all((d / f).is_file() for f in (VOCAB_FILE, META_FILE, "config.json")) and any(d.glob("*.safetensors"))
 
 
 def read_meta(d: Path) -> dict:
-    return json.loads((Path(d) / VOCAB_FILE).read_text())
+    return json.loads((Path(d) / META_FILE).read_text())
 
 
 class DistilledDrafter(ModelDrafter):
@@ -99,7 +101,7 @@ class DistilledDrafter(ModelDrafter):
 
     def __init__(self, draft_dir: Path, target_vocab: int, **kw):
         super().__init__(draft_dir, target_vocab, **kw)
-        ids = torch.tensor(read_meta(draft_dir)["target_ids"])
+        ids = torch.tensor(json.loads((Path(draft_dir) / VOCAB_FILE).read_text()))
         if int(ids.max()) >= target_vocab:
             raise ModelError(f"the draft {Path(draft_dir).name} proposes ids beyond the target's vocabulary")
         self.to_target = ids.to(self.device)

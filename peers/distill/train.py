@@ -18,12 +18,12 @@ def to_rows(samples: list[dict], to_row: torch.Tensor) -> list[dict]:
     """Samples in draft rows: ids for the input, label rows (0 = not in the draft's vocabulary) and weights."""
     out = []
     for s in samples:
-        rows = to_row[s["ids"].long()]
-        labels = to_row[s["topk_ids"].long()]
+        rows = to_row[s["ids"].long()].int()
+        labels = to_row[s["topk_ids"].long()].int()
         p = s["topk_p"].float() * (labels != 0)
         keep = p.sum(-1) > 0
         p[keep] /= p[keep].sum(-1, keepdim=True)
-        out.append({"rows": rows, "start": s["start"], "labels": labels, "p": p})
+        out.append({"rows": rows, "start": s["start"], "labels": labels, "p": p.half()})  # compact: data stays in memory
     return out
 
 
@@ -77,7 +77,7 @@ def step(model, opt, data: list[dict], seed: int, j: int, device) -> float:
     loss.backward()
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
     opt.step()
-    return float(loss)
+    return loss.detach().item()
 
 
 def optimizer(model) -> torch.optim.Optimizer:

@@ -1,0 +1,202 @@
+"""`sfchat distill`: the target writes data, a vocabulary is chosen, the draft is trained, then exported.
+
+Everything lives in OUT/work (ignored by git): plan.json (the recipe; a re-run must match it), state.json (how
+far each phase got), data/*.pt (shards of target-written samples), ckpt.pt (draft and optimizer). A re-run
+continues where the last one stopped. The budget is --minutes, split between writing data and training
+(--data-share); --shards / --steps replace it with exact counts, which is how a draft is reproduced: same seed,
+same shards, same steps -> the same weights (on a CPU; CUDA kernels need not be bitwise deterministic).
+The draft itself (config.json, model.safetensors, draft_vocab.json) is written to OUT when a run ends.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .. import models
+from ..chat import eos_ids, load_tokenizer
+from ..fingerprint import config_fingerprint
+from ..memory import default_device
+from ..shard import load_config
+from . import draft as drafts
+from . import teacher, train
+
+RECIPE = {"seed": 0, "layers": 2, "vocab": 8192, "batch": None, "max_new": 256, "topk": 8}  # None: per device
+CHECKPOINT_EVERY_S = 60.0
+
+
+@dataclass
+class Options:
+    model: str | None
+    out: Path
+    minutes: float = 60.0
+    data_share: float = 0.75
+    shards: int | None = None  # exact number of training shards instead of the time budget
+    steps: int | None = None  # exact number of training steps instead of the time budget
+    device: str | None = None
+    seed: int | None = None  # recipe options: None takes the plan's value on a re-run, else RECIPE's
+    layers: int | None = None
+    vocab: int | None = None
+    batch: int | None = None
+    max_new: int | None = None
+    topk: int | None = None
+
+
+def _save(obj, path: Path) -> None:
+    """Write atomically: an interrupted run never leaves half a file behind."""
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(obj, indent=1))
+    else:
+        torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _plan(o: Options, work: Path, target_dir: Path, device: str) -> dict:
+    path = work / "plan.json"
+    old = json.loads(path.read_text()) if path.is_file() else None
+    plan = {"target_config": config_fingerprint(target_dir)}
+    for key, default in RECIPE.items():
+        given = getattr(o, key)
+        plan[key] = given if given is not None else old[key] if old else default
+    if plan["batch"] is None:
+        plan["batch"] = 256 if device.startswith("cuda") else 32
+    if old is not None and old != plan:
+        diff = ", ".join(f"{k} {old.get(k)} (now {plan[k]})" for k in plan if old.get(k) != plan[k])
+        raise ValueError(f"{work.parent} holds a distillation with other options: {diff}; "
+                         "use the same options or another --out")
+    _save(plan, path)
+    return plan
+
+
+def distill(o: Options, progress=lambda phase, done, total, note: None, say=print) -> dict:
+    """Run (or continue) a distillation; returns the exported draft's summary (also in OUT/distill.json)."""
+    target_dir = models.resolve(o.model, say=say)
+    device = o.device or default_device()
+    out = Path(o.out)
+    work = out / "work"
+    (work / "data").mkdir(parents=True, exist_ok=True)
+    (work / ".gitignore").write_text("*\n")  # data and checkpoints stay out of the repository
+    plan = _plan(o, work, target_dir, device)
+    state_path = work / "state.json"
+    state = json.loads(state_path.read_text()) if state_path.is_file() else \
+        {"shards": 0, "data_s": 0.0, "vocab": None, "step": 0, "train_s": 0.0, "agreement_init": None}
+    tok = load_tokenizer(target_dir)
+    seed = plan["seed"]
+    target = None
+
+    def load_target():
+        nonlocal target
+        if target is None:
+            from transformers import AutoModelForCausalLM
+
+            target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+        return target
+
+    def shard(split: str, index: int) -> Path:
+        path = work / "data" / f"{split}-{index:05d}.pt"
+        if not path.is_file():
+            m = load_target()
+            t0 = time.perf_counter()
+            samples = teacher.write_shard(m, tok, eos_ids(target_dir, m.config, tok), seed=seed, split=split,
+                                          index=index, batch=plan["batch"], max_new=plan["max_new"], k=plan["topk"])
+            _save([{k: v for k, v in s.items() if k != "text"} for s in samples], path)
+            state["data_s"] += time.perf_counter() - t0
+            _save(state, state_path)
+        return path
+
+    # 1. the target writes: a held-out shard (topics never trained on), then training shards
+    data_budget = o.minutes * 60 * o.data_share
+    shard("eval", 0)
+    while state["vocab"] is None and (state["shards"] < o.shards if o.shards is not None
+                                      else state["shards"] == 0 or state["data_s"] < data_budget):
+        progress("data", *((state["shards"], o.shards) if o.shards is not None else (state["data_s"], data_budget)),
+                 f"shard {state['shards'] + 1}")
+        shard("train", state["shards"])
+        state["shards"] += 1
+        _save(state, state_path)
+    if state["vocab"] is not None and o.shards is not None and o.shards != state["shards"]:
+        say(f"the data was fixed at {state['shards']} shards when training began; --shards {o.shards} is ignored")
+    samples = [s for i in range(state["shards"]) for s in torch.load(work / "data" / f"train-{i:05d}.pt")]
+    held_out = torch.load(work / "data" / "eval-00000.pt")
+    written = sum(len(s["topk_ids"]) for s in samples)
+    progress("data", 1, 1, f"{state['shards']} shards, {written:,} target-written tokens")
+
+    # 2. the draft's vocabulary (fixed from here on: the data is closed) and its initialisation
+    vocab_size = load_config(target_dir).vocab_size
+    if state["vocab"] is None:
+        counts = torch.bincount(torch.cat([s["ids"][s["start"]:].long() for s in samples]), minlength=vocab_size)
+        always = {i for i in eos_ids(target_dir, load_config(target_dir), tok) | set(tok.all_special_ids)
+                  if i < vocab_size}
+        state["vocab"] = drafts.choose_vocab(counts, plan["vocab"], always)
+        _save(state, state_path)
+    ids = state["vocab"]
+    to_row = torch.zeros(vocab_size, dtype=torch.long)  # target id -> draft row (0: not in the draft's vocabulary)
+    to_row[torch.tensor(ids)] = torch.arange(1, len(ids) + 1)
+    data, held_out = train.to_rows(samples, to_row), train.to_rows(held_out, to_row)
+    ckpt = work / "ckpt.pt"
+    if ckpt.is_file():
+        saved = torch.load(ckpt)
+        model = _draft_from(saved["config"], device)
+        model.load_state_dict(saved["model"])
+        opt = train.optimizer(model)
+        opt.load_state_dict(saved["opt"])
+    else:
+        torch.manual_seed(seed)
+        model = drafts.init_draft(load_target(), ids, plan["layers"]).to(device)
+        opt = train.optimizer(model)
+        state["agreement_init"] = train.agreement(model, held_out, device)
+    target = None  # training needs only the data: free the target's memory
+
+    def checkpoint():
+        _save({"config": model.config.to_dict(), "model": model.state_dict(), "opt": opt.state_dict()}, ckpt)
+        _save(state, state_path)
+
+    # 3. training
+    train_budget = max(o.minutes * 60 - state["data_s"], 0.0)
+    done = (lambda: state["step"] >= o.steps) if o.steps is not None else (lambda: state["train_s"] >= train_budget)
+    last_save, loss = time.monotonic(), math.nan
+    try:
+        while not done():
+            t0 = time.perf_counter()
+            loss = train.step(model, opt, data, seed, state["step"], device)
+            state["step"] += 1
+            state["train_s"] += time.perf_counter() - t0
+            progress("train", *((state["step"], o.steps) if o.steps is not None else (state["train_s"], train_budget)),
+                     f"step {state['step']}, loss {loss:.3f}")
+            if time.monotonic() - last_save > CHECKPOINT_EVERY_S:
+                checkpoint()
+                last_save = time.monotonic()
+    finally:  # also on Ctrl-C: the next run continues from here
+        checkpoint()
+
+    # 4. export
+    summary = {"target": target_dir.name, "target_config": plan["target_config"],
+               "tokenizer": drafts.tokenizer_fingerprint(tok), **{k: plan[k] for k in RECIPE},
+               "shards": state["shards"], "steps": state["step"], "written_tokens": written,
+               "data_minutes": round(state["data_s"] / 60, 2), "train_minutes": round(state["train_s"] / 60, 2),
+               "device": device, "agreement_init": round(state["agreement_init"], 4),
+               "agreement": round(train.agreement(model, held_out, device), 4),
+               "loss": None if math.isnan(loss) else round(loss, 4)}
+    summary["reproduce"] = (f"sfchat distill --model {o.model or models.DEFAULT_MODEL} --out {out} --seed {seed} "
+                            f"--layers {plan['layers']} --vocab {plan['vocab']} --batch {plan['batch']} "
+                            f"--max-new-tokens {plan['max_new']} --topk {plan['topk']} "
+                            f"--shards {state['shards']} --steps {state['step']}")
+    drafts.save_draft(model, ids, out, summary)
+    return summary
+
+
+def _draft_from(config: dict, device: str):
+    """An empty draft of the checkpoint's shape, embedding and head frozen as init_draft leaves them."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**config)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(device)
+    model.get_input_embeddings().requires_grad_(False)
+    model.get_output_embeddings().requires_grad_(False)
+    return model
