@@ -1,0 +1,43 @@
+"""Ctrl+C or a closed terminal stops every process the app started: no orphan peers."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ROOT
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGKILL])
+def test_no_orphans(sig, tiny_llama):
+    p = subprocess.Popen([sys.executable, "-m", "sfchat", "ask", "hello world " * 20, "--model", str(tiny_llama),
+                          "--local-peers", "2", "--max-new-tokens", "100000", "--draft", "none"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        p.stdout.read(1)  # the answer is streaming: the ring is up
+        kids = children_of(p.pid)
+        assert len(kids) == 2
+        p.send_signal(sig)
+        p.wait(timeout=20)
+        deadline = time.time() + 15
+        while any(alive(k) for k in kids) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(k) for k in kids)
+    finally:
+        p.kill()
