@@ -81,3 +81,12 @@ def parse_addr(addr: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"address must be HOST:PORT, got {addr!r}")
     return (host.strip("[]") or default_host), int(port)
+
+
+def peername(stream) -> str:
+    """HOST:PORT of the other end, for logs ("?" when unknown)."""
+    try:
+        h, p = getattr(stream, "transport_stream", stream).socket.getpeername()[:2]
+        return f"{h}:{p}"
+    except Exception:
+        return "?"

@@ -65,10 +65,12 @@ class ModelDrafter(Drafter):
     rejected branch is cropped away and, after a fully accepted round, the last drafted token is processed too."""
 
     def __init__(self, model_dir: Path, target_vocab: int, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                 name: str | None = None, static: bool | None = None, max_len: int = 4096):
+                 name: str | None = None, static: bool | None = None, max_len: int = 4096, model=None):
         from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        # `model`: one already built (a distilled draft is assembled from its own and its target's tensors)
+        model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        self.model = model.to(device).eval()
         self.name = name or Path(model_dir).name
         self.device = device
         self.target_vocab = target_vocab
@@ -145,15 +147,16 @@ def make_drafter(spec: str | None, target_dir: Path, target_vocab: int, tokenize
     if spec in (None, "", "auto"):
         # the draft distilled for the embedded default and shipped in assets/drafts, if there is one
         if (shipped := distill.shipped_draft(target_dir)) is not None:
-            return distill.load(shipped, tokenizer, target_vocab, device=device, name=f"{models.DEFAULT_MODEL}-draft")
+            return distill.load(shipped, target_dir, tokenizer, target_vocab, device=device,
+                                name=f"{models.DEFAULT_MODEL}-draft")
         spec = "ngram"
     if spec == "none":
         return Drafter()
     if spec == "ngram":
         return NgramDrafter()
     draft_dir = models.resolve(spec, say=say)
-    if distill.is_distilled(draft_dir):  # made by `sfchat distill`: its own vocabulary, checked by fingerprint
-        return distill.load(draft_dir, tokenizer, target_vocab, device=device, name=spec)
+    if distill.is_distilled(draft_dir):  # made by `sfchat distill` for one target, whose tensors it shares
+        return distill.load(draft_dir, target_dir, tokenizer, target_vocab, device=device, name=spec)
     check_same_tokenizer(tokenizer, draft_dir)
     return ModelDrafter(draft_dir, target_vocab, device=device, name=spec)
 

@@ -17,13 +17,13 @@ import trio
 
 from . import links, models, tensors, validate, wire
 from .auth import AuthError, new_token, server_handshake
-from .channel import Channel, ChannelClosed, parse_addr
+from .channel import Channel, ChannelClosed, parse_addr, peername
 from .errors import RingError
 from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint, span_fingerprint
 from .memory import default_device, free_bytes, rss_bytes
 from .plan import split_layers
-from .shard import SessionCache, Shard, Span, load_config
+from .shard import DTYPES, SessionCache, Shard, Span, load_config
 
 log = logging.getLogger("sfchat.host")
 
@@ -122,7 +122,7 @@ class Host:
         try:
             stream = await self.tls.accept(stream)
         except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
-            log.warning("TLS handshake with %s failed: %s", _peername(stream), e)
+            log.warning("TLS handshake with %s failed: %s", peername(stream), e)
             return
         ch = Channel(stream, "incoming", read_timeout=3600)
         try:
@@ -134,14 +134,14 @@ class Host:
             else:
                 await ch.error(f"unknown role {hello['role']!r}")
         except AuthError as e:
-            log.warning("%s from %s", e, _peername(stream))
+            log.warning("%s from %s", e, peername(stream))
         except ChannelClosed as e:
             log.info("connection closed: %s", e)
         except wire.WireError as e:
-            log.warning("bad frame from %s: %s", _peername(stream), e)
+            log.warning("bad frame from %s: %s", peername(stream), e)
             await ch.error(str(e))
         except Exception as e:  # one bad connection must never take the host down
-            log.exception("connection from %s failed", _peername(stream))
+            log.exception("connection from %s failed", peername(stream))
             await ch.error(f"internal error: {type(e).__name__}")
         finally:
             await ch.aclose()
@@ -150,7 +150,7 @@ class Host:
         offer = await ch.recv(timeout=10)
         if offer["t"] != "offer":
             raise wire.WireError("expected an offer after the handshake")
-        ip = _peername(stream).rpartition(":")[0]
+        ip = peername(stream).rpartition(":")[0]
         port = validate.need(offer, "data_port", int, 1)
         addr = offer.get("advertise") or f"{ip}:{port}"
         m = Member(next(self.member_ids), str(hello.get("name", "peer"))[:40], ch, addr,
@@ -238,7 +238,7 @@ class Host:
             return self.offer_gb * 2**30
         # the embedding and head stay here whatever the plan, so they come off the host's budget
         c = self.config
-        fixed = 2 * c.vocab_size * c.hidden_size * torch.tensor([], dtype=_DT[self.dtype]).element_size()
+        fixed = 2 * c.vocab_size * c.hidden_size * DTYPES[self.dtype].itemsize
         return max(free_bytes(self.device) - fixed, 0)
 
     async def replan(self) -> None:
@@ -400,14 +400,3 @@ class Host:
                     await m.ctl.send({"t": "bye"})
             except ChannelClosed:
                 pass
-
-
-_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _peername(stream) -> str:
-    try:
-        h, p = stream.socket.getpeername()[:2]
-        return f"{h}:{p}"
-    except Exception:
-        return "?"

@@ -22,7 +22,7 @@ from functools import partial
 import trio
 
 from . import wire
-from .channel import Channel, ChannelClosed, parse_addr
+from .channel import Channel, ChannelClosed, parse_addr, peername
 from .shaping import Shaping, pump
 
 log = logging.getLogger("sfchat.relay")
@@ -62,7 +62,7 @@ class Relay:
             task_status.started(self.address)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        who = _peername(stream)
+        who = peername(stream)
         ch = Channel(stream, who)  # also sets TCP_NODELAY
         try:
             msg = await recv_small(ch, HELLO_TIMEOUT)
@@ -166,13 +166,6 @@ async def _direction(src, dst, shaping: Shaping, counts: list[int], i: int, both
     except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         both.cancel()
 
-
-def _peername(stream) -> str:
-    try:
-        h, p = stream.socket.getpeername()[:2]
-        return f"{h}:{p}"
-    except Exception:
-        return "?"
 
 
 def add_arguments(p) -> None:

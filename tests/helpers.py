@@ -7,8 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from contextlib import asynccontextmanager
+
 import torch
+import trio
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from peers.adaptive import KPolicy
+from peers.chat import Chat, eos_ids, load_tokenizer
+from peers.drafters import Drafter
+from peers.host import Host
+from peers.sampling import SamplingParams
+from sfchat.local import LocalPeers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,3 +45,50 @@ def reference_ids(model_dir: Path, prompt: str, max_new_tokens: int) -> list[int
                                   return_tensors="pt")["input_ids"]
     out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, ids.shape[1]:].tolist()
+
+
+@asynccontextmanager
+async def running_ring(model, n_peers: int, *, extra: list[str] | None = None, **host_kw):
+    """A Host in this process and n real peer processes on loopback, planned; torn down after."""
+    host = Host(str(model), say=lambda *a: None, **host_kw)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(host.serve)
+        addr = host.relay_address or host.address
+        with LocalPeers(n_peers, addr, host.token, model=str(model), extra=extra) as lp:
+            if n_peers:
+                await host.wait_members(n_peers, timeout=120)
+                await host.replan()
+            yield host, lp
+            await host.close()
+        nursery.cancel_scope.cancel()
+
+
+def new_chat(host) -> Chat:
+    tok = load_tokenizer(host.model_dir)
+    return Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
+
+
+async def greedy_reply(host, prompt: str, max_new_tokens: int) -> list[int]:
+    _, r = await new_chat(host).reply(prompt, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                      max_new_tokens=max_new_tokens)
+    return r.token_ids
+
+
+async def check_logits_follow(host, ref, tokens: list[int], steps: int) -> list[int]:
+    """Greedy steps through the ring, each pass's last logits equal to the reference model's."""
+    rs = host.new_session("check")
+    tokens = list(tokens)
+    for _ in range(steps):
+        logits, timing = await host.forward(rs, tokens, [])
+        with torch.no_grad():
+            want = ref(torch.tensor([tokens])).logits[0, -1]
+        torch.testing.assert_close(logits[-1], want, atol=1e-4, rtol=1e-4)
+        assert len(timing["peers"]) == len(host.ring)
+        tokens.append(int(want.argmax()))
+        rs.ring_len = len(tokens) - 1
+    # a repeated pass with an older committed length is harmless (the trim rule)
+    rs.ring_len -= 3
+    logits, _ = await host.forward(rs, tokens, [])
+    with torch.no_grad():
+        torch.testing.assert_close(logits[-1], ref(torch.tensor([tokens])).logits[0, -1], atol=1e-4, rtol=1e-4)
+    return tokens

@@ -8,16 +8,10 @@ import pytest
 import torch
 import trio
 
-from helpers import reference_ids
+from helpers import greedy_reply, reference_ids, running_ring
 from peers import auth, tensors, wire
-from peers.adaptive import KPolicy
 from peers.auth import client_handshake
 from peers.channel import Channel, ChannelClosed, parse_addr
-from peers.chat import Chat, eos_ids, load_tokenizer
-from peers.drafters import Drafter
-from peers.host import Host
-from peers.sampling import SamplingParams
-from sfchat.local import LocalPeers
 
 PROMPT = "hello world, the quick brown fox"
 
@@ -77,39 +71,27 @@ def test_live_host_and_peer_survive_hostile_input(tiny_llama, monkeypatch):
     monkeypatch.setattr(auth, "HANDSHAKE_S", 3.0)  # the host is in this process: a shorter handshake limit
 
     async def main():
-        host = Host(str(tiny_llama), say=lambda *a: None)
-        tok = load_tokenizer(host.model_dir)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(host.serve)
-            with LocalPeers(1, host.address, host.token, model=str(tiny_llama)) as lp:
-                await host.wait_members(1, timeout=120)
-                await host.replan()
-                peer_addr, peer_pid = host.ring[0].data_addr, lp.procs[0].pid
-                rss0 = rss_of(peer_pid)
-                # a silent connection is dropped after the handshake limit, and holds nothing meanwhile
-                silent = await trio.open_tcp_stream(*parse_addr(host.address))
-                for target in (host.address, peer_addr):
-                    for data in GARBAGE:
-                        await send_raw(target, data)
-                # members who hold the token but send nonsense get an error and a closed link
-                for msg in bad_frames(host.config.hidden_size, host.epoch):
-                    ch = Channel(await trio.open_tcp_stream(*parse_addr(peer_addr)), "evil")
-                    await client_handshake(ch, host.token, "data")
-                    await ch.send(msg)
-                    reply = await ch.recv(timeout=10)
-                    assert reply["t"] == "error" and reply["error"], msg
-                    with pytest.raises(ChannelClosed):
-                        await ch.recv(timeout=5)
-                with trio.fail_after(10):
-                    assert await silent.receive_some(10) == b""  # the host hung up on it
-                assert lp.procs[0].poll() is None and host.ring[0].state == "ready"
-                assert rss_of(peer_pid) - rss0 < 64 * 2**20
-                chat = Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
-                _, r = await chat.reply(PROMPT, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
-                                        max_new_tokens=16)
-                await host.close()
-            nursery.cancel_scope.cancel()
-        return r
+        async with running_ring(tiny_llama, 1) as (host, lp):
+            peer_addr, peer_pid = host.ring[0].data_addr, lp.procs[0].pid
+            rss0 = rss_of(peer_pid)
+            # a silent connection is dropped after the handshake limit, and holds nothing meanwhile
+            silent = await trio.open_tcp_stream(*parse_addr(host.address))
+            for target in (host.address, peer_addr):
+                for data in GARBAGE:
+                    await send_raw(target, data)
+            # members who hold the token but send nonsense get an error and a closed link
+            for msg in bad_frames(host.config.hidden_size, host.epoch):
+                ch = Channel(await trio.open_tcp_stream(*parse_addr(peer_addr)), "evil")
+                await client_handshake(ch, host.token, "data")
+                await ch.send(msg)
+                reply = await ch.recv(timeout=10)
+                assert reply["t"] == "error" and reply["error"], msg
+                with pytest.raises(ChannelClosed):
+                    await ch.recv(timeout=5)
+            with trio.fail_after(10):
+                assert await silent.receive_some(10) == b""  # the host hung up on it
+            assert lp.procs[0].poll() is None and host.ring[0].state == "ready"
+            assert rss_of(peer_pid) - rss0 < 64 * 2**20
+            return await greedy_reply(host, PROMPT, 16)
 
-    r = trio.run(main)
-    assert r.token_ids == reference_ids(tiny_llama, PROMPT, 16)
+    assert trio.run(main) == reference_ids(tiny_llama, PROMPT, 16)

@@ -3,13 +3,11 @@ import os
 
 import trio
 
+from helpers import new_chat, running_ring
 from peers.adaptive import KPolicy
-from peers.chat import Chat, eos_ids, load_tokenizer
 from peers.drafters import Drafter
-from peers.host import Host
 from peers.memory import rss_bytes
 from peers.sampling import SamplingParams
-from sfchat.local import LocalPeers
 from tiny import CORPUS
 
 
@@ -20,23 +18,15 @@ def rss_of(pid: int) -> int:
 
 def test_long_conversation_memory_is_flat(tiny_llama):
     async def main():
-        host = Host(str(tiny_llama), say=lambda *a: None)
-        tok = load_tokenizer(host.model_dir)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(host.serve)
-            with LocalPeers(1, host.address, host.token, model=str(tiny_llama)) as lp:
-                await host.wait_members(1, timeout=120)
-                await host.replan()
-                chat = Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
-                samples, rounds = [], 0
-                for turn in range(6):
-                    text = " ".join(CORPUS[turn * 3: turn * 3 + 12])
-                    _, r = await chat.reply(text, drafter=Drafter(), params=SamplingParams(1.0, seed=turn),
-                                            policy=KPolicy(), max_new_tokens=120)
-                    rounds += r.stats.rounds
-                    samples.append((len(chat.tokens), rss_bytes(), rss_of(lp.procs[0].pid)))
-                await host.close()
-            nursery.cancel_scope.cancel()
+        async with running_ring(tiny_llama, 1) as (host, lp):
+            chat = new_chat(host)
+            samples, rounds = [], 0
+            for turn in range(6):
+                text = " ".join(CORPUS[turn * 3: turn * 3 + 12])
+                _, r = await chat.reply(text, drafter=Drafter(), params=SamplingParams(1.0, seed=turn),
+                                        policy=KPolicy(), max_new_tokens=120)
+                rounds += r.stats.rounds
+                samples.append((len(chat.tokens), rss_bytes(), rss_of(lp.procs[0].pid)))
         return samples, rounds
 
     samples, rounds = trio.run(main)

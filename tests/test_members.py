@@ -5,12 +5,8 @@ import sys
 
 import trio
 
-from helpers import ROOT, ask_json
-from peers.adaptive import KPolicy
-from peers.chat import Chat, eos_ids, load_tokenizer
-from peers.drafters import Drafter
+from helpers import ROOT, ask_json, greedy_reply, running_ring
 from peers.host import Host
-from peers.sampling import SamplingParams
 from sfchat.local import LocalPeers
 
 
@@ -65,31 +61,18 @@ def test_two_sessions_at_once_stay_correct(tiny_qwen2):
     prompts = ["hello world", "the quick brown fox jumps"]
 
     async def run(concurrent: bool):
-        host = Host(str(tiny_qwen2), say=lambda *a: None)
-        tok = load_tokenizer(host.model_dir)
-        eos = eos_ids(host.model_dir, host.config, tok)
         out = {}
-        async with trio.open_nursery() as nursery:
-            await nursery.start(host.serve)
-            with LocalPeers(2, host.address, host.token, model=str(tiny_qwen2)):
-                await host.wait_members(2, timeout=120)
-                await host.replan()
+        async with running_ring(tiny_qwen2, 2) as (host, _):
+            async def one(p):
+                out[p] = await greedy_reply(host, p, 20)
 
-                async def one(p):
-                    chat = Chat(host, tok, eos)
-                    _, r = await chat.reply(p, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
-                                            max_new_tokens=20)
-                    out[p] = r.token_ids
-
-                if concurrent:
-                    async with trio.open_nursery() as n2:
-                        for p in prompts:
-                            n2.start_soon(one, p)
-                else:
+            if concurrent:
+                async with trio.open_nursery() as n2:
                     for p in prompts:
-                        await one(p)
-                await host.close()
-            nursery.cancel_scope.cancel()
+                        n2.start_soon(one, p)
+            else:
+                for p in prompts:
+                    await one(p)
         return out
 
     assert trio.run(run, True) == trio.run(run, False)

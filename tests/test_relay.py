@@ -17,9 +17,8 @@ from transformers import AutoModelForCausalLM
 from peers import links
 from peers.auth import AuthError, client_handshake
 from peers.channel import Channel, parse_addr
-from peers.host import Host
+from helpers import check_logits_follow, running_ring
 from peers.relay import Relay
-from sfchat.local import LocalPeers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -239,28 +238,13 @@ def test_ring_through_relay(tiny_llama):
     ref = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
     with relay_process() as (addr, proc):
         async def main():
-            host = Host(str(tiny_llama), say=lambda *a: None, relay=addr)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(host.serve)
+            async with running_ring(tiny_llama, 2, relay=addr) as (host, _):
                 assert host.invite().startswith(f"sfchat join relay://{addr}/") and host.invite().endswith(host.token)
-                with LocalPeers(2, host.relay_address, host.token, model=str(tiny_llama)):
-                    await host.wait_members(2, timeout=60)
-                    await host.replan()
-                    assert len(host.ring) == 2 and all(m.data_addr.startswith(f"relay://{addr}/") for m in host.ring)
-                    rs, tokens = host.new_session("s1"), [5, 17, 42, 99, 7]
-                    for _ in range(4):
-                        logits, timing = await host.forward(rs, tokens, [])
-                        with torch.no_grad():
-                            want = ref(torch.tensor([tokens])).logits[0, -1]
-                        torch.testing.assert_close(logits[-1], want, atol=1e-4, rtol=1e-4)
-                        assert len(timing["peers"]) == 2
-                        tokens.append(int(want.argmax()))
-                        rs.ring_len = len(tokens) - 1
-                    intruder = Channel(await links.dial(host.relay_address))
-                    with pytest.raises(AuthError):
-                        await client_handshake(intruder, "not-the-token", "join")
-                    await host.close()
-                nursery.cancel_scope.cancel()
+                assert len(host.ring) == 2 and all(m.data_addr.startswith(f"relay://{addr}/") for m in host.ring)
+                await check_logits_follow(host, ref, [5, 17, 42, 99, 7], 4)
+                intruder = Channel(await links.dial(host.relay_address))
+                with pytest.raises(AuthError):
+                    await client_handshake(intruder, "not-the-token", "join")
             return host.token
 
         token = trio.run(main)

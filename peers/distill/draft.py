@@ -1,10 +1,12 @@
-"""The draft: a few of the target's own decoder layers (copied as initialisation) over a reduced vocabulary.
+"""The draft: a few of the target's own decoder layers (copied as initialisation) between the target's embedding
+and a reduced LM head.
 
-It is saved as an ordinary transformers causal LM whose rows are: 0 = "any other token", then the target's most
-frequent tokens (as EAGLE-3 / FR-Spec do: the LM head is most of a small draft's cost, and rare tokens are
-rarely accepted anyway). draft_vocab.json maps rows back to target ids; distill.json says how it was made. Embedding and head are the target's
-rows, frozen; the layers and the final norm are what training changes. Verification is unchanged: the draft
-proposes target ids, and its q is zero outside its vocabulary.
+The head keeps only the rows of the target tokens written most often (as EAGLE-3 / FR-Spec do: on a small draft
+the head is most of the cost, and rare tokens are rarely accepted anyway). The input embedding stays whole:
+reading rare context tokens as one shared row cost far more agreement than the smaller head did. Embedding
+and head rows are frozen copies of the target's, so a draft directory stores only its layers and final norm
+(a few MB) and takes the rest from its target's files when loaded; distill.json records which target.
+Verification is unchanged: the draft proposes target ids, and its q is zero outside its head's rows.
 """
 from __future__ import annotations
 
@@ -15,14 +17,17 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from ..drafters import ModelDrafter
 from ..fingerprint import config_fingerprint
 from ..models import DEFAULT_MODEL, ModelError
+from ..shard import _weight_files, load_config
 
-VOCAB_FILE = "draft_vocab.json"  # [target id of row 1, of row 2, ...]
+VOCAB_FILE = "draft_vocab.json"  # [target id of head row 0, of row 1, ...]
 META_FILE = "distill.json"  # the recipe, the counts reached, the target's identity, measured agreement
-OTHER = 0  # the row every target id outside the draft's vocabulary reads as
+SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # taken from the target, never stored with the draft
 
 
 def tokenizer_fingerprint(tok) -> str:
@@ -43,51 +48,70 @@ def layer_choice(n_target: int, n_draft: int) -> list[int]:
     return [round(i * (n_target - 1) / (n_draft - 1)) for i in range(n_draft)]
 
 
-def init_draft(target, ids: list[int], n_layers: int):
-    """A fresh draft made from the target model (a transformers causal LM) and the kept target ids."""
-    from transformers import AutoModelForCausalLM
-
-    cfg = copy.deepcopy(target.config)
-    chosen = layer_choice(cfg.num_hidden_layers, n_layers)
+def draft_config(target_dir: Path, n_layers: int):
+    cfg = copy.deepcopy(load_config(target_dir))
     if getattr(cfg, "layer_types", None):
-        cfg.layer_types = [cfg.layer_types[i] for i in chosen]
-    cfg.num_hidden_layers, cfg.vocab_size = n_layers, len(ids) + 1
-    cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id = OTHER, None, None  # target ids mean nothing here
+        cfg.layer_types = [cfg.layer_types[i] for i in layer_choice(cfg.num_hidden_layers, n_layers)]
     if hasattr(cfg, "max_window_layers"):
         cfg.max_window_layers = n_layers
-    draft = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    src, dst = target.base_model, draft.base_model
-    keep = torch.tensor(ids)
-    with torch.no_grad():
-        for j, i in enumerate(chosen):
-            dst.layers[j].load_state_dict(src.layers[i].state_dict())
-        dst.norm.load_state_dict(src.norm.state_dict())
-        emb = src.embed_tokens.weight.float()
-        others = torch.ones(len(emb), dtype=torch.bool)
-        others[keep] = False
-        dst.embed_tokens.weight[1:] = emb[keep]
-        dst.embed_tokens.weight[OTHER] = emb[others].mean(0) if others.any() else 0
-        if not cfg.tie_word_embeddings:
-            draft.lm_head.weight[1:] = target.lm_head.weight.float()[keep]
-            draft.lm_head.weight[OTHER] = 0
-    draft.get_input_embeddings().requires_grad_(False)
-    draft.get_output_embeddings().requires_grad_(False)
-    return draft.float()
+    cfg.num_hidden_layers, cfg.tie_word_embeddings = n_layers, False  # its head is its own (fewer rows)
+    return cfg
 
 
-def save_draft(draft, ids: list[int], out: Path, meta: dict) -> None:
-    """Write the draft (bfloat16: half the bytes, no measurable change in agreement), its vocabulary, its recipe."""
+def _target_tensors(target_dir: Path, names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """{our name: target tensor name} -> {our name: tensor}, read from the target's safetensors only."""
+    files = _weight_files(Path(target_dir))
+    out = {}
+    for ours, theirs in names.items():
+        with safe_open(files[theirs], framework="pt") as f:
+            out[ours] = f.get_tensor(theirs).float()
+    return out
+
+
+def build(target_dir: Path, cfg, ids: list[int], state: dict[str, torch.Tensor]):
+    """The draft model: `state` (its layers and norm) plus the target's embedding and the head rows `ids`."""
+    from transformers import AutoModelForCausalLM
+
+    head = "lm_head.weight" if "lm_head.weight" in _weight_files(Path(target_dir)) else SHARED[0]  # tied: the embedding
+    shared = _target_tensors(target_dir, {SHARED[0]: SHARED[0], "head": head})
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.lm_head = torch.nn.Linear(cfg.hidden_size, len(ids), bias=False)
+    model.load_state_dict({**state, SHARED[0]: shared[SHARED[0]], SHARED[1]: shared["head"][torch.tensor(ids)]})
+    model.get_input_embeddings().requires_grad_(False)
+    model.lm_head.requires_grad_(False)
+    return model
+
+
+def init_draft(target_dir: Path, ids: list[int], n_layers: int):
+    """A fresh draft: the target's layers chosen by layer_choice, and its final norm."""
+    cfg = draft_config(target_dir, n_layers)
+    names = {"model.norm.weight": "model.norm.weight"}
+    files = _weight_files(Path(target_dir))
+    for j, i in enumerate(layer_choice(load_config(target_dir).num_hidden_layers, n_layers)):
+        names.update({k.replace(f"model.layers.{i}.", f"model.layers.{j}.", 1): k
+                      for k in files if k.startswith(f"model.layers.{i}.")})
+    return build(target_dir, cfg, ids, _target_tensors(target_dir, names))
+
+
+def own_state(model) -> dict[str, torch.Tensor]:
+    """What training changes and a draft directory stores: everything but the shared embedding and head."""
+    return {k: v for k, v in model.state_dict().items() if k not in SHARED}
+
+
+def save_draft(model, ids: list[int], out: Path, meta: dict) -> None:
+    """Write the draft's layers and norm (bfloat16: half the bytes), its config, its head's ids, its recipe."""
     out.mkdir(parents=True, exist_ok=True)
-    copy.deepcopy(draft).to(torch.bfloat16).save_pretrained(out)
+    model.config.save_pretrained(out)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in own_state(model).items()}, out / "model.safetensors.tmp")
+    os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
     for name, text in ((VOCAB_FILE, json.dumps(ids)), (META_FILE, json.dumps(meta, indent=1))):
-        tmp = out / (name + ".tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, out / name)
+        (out / (name + ".tmp")).write_text(text + "\n")
+        os.replace(out / (name + ".tmp"), out / name)
 
 
 def is_distilled(d: Path) -> bool:
     d = Path(d)
-    return all((d / f).is_file() for f in (VOCAB_FILE, META_FILE, "config.json")) and any(d.glob("*.safetensors"))
+    return all((d / f).is_file() for f in (VOCAB_FILE, META_FILE, "config.json", "model.safetensors"))
 
 
 def read_meta(d: Path) -> dict:
@@ -95,33 +119,32 @@ def read_meta(d: Path) -> dict:
 
 
 class DistilledDrafter(ModelDrafter):
-    """ModelDrafter over draft rows: target ids are mapped to rows on the way in, and the next-token logits are
-    spread back over the target's vocabulary (-inf outside the draft's: greedy picks only kept ids, q is 0 there).
-    The cache still follows the context in target ids, as ModelDrafter's longest-common-prefix sync expects."""
+    """ModelDrafter whose next-token logits are spread from the head's rows back over the target's vocabulary
+    (-inf elsewhere): greedy proposes only kept ids, and q is exactly 0 outside them."""
 
-    def __init__(self, draft_dir: Path, target_vocab: int, **kw):
-        super().__init__(draft_dir, target_vocab, **kw)
-        ids = torch.tensor(json.loads((Path(draft_dir) / VOCAB_FILE).read_text()))
-        if int(ids.max()) >= target_vocab:
+    def __init__(self, draft_dir: Path, target_dir: Path, target_vocab: int, dtype: torch.dtype = torch.float32, **kw):
+        ids = json.loads((Path(draft_dir) / VOCAB_FILE).read_text())
+        if max(ids) >= target_vocab:
             raise ModelError(f"the draft {Path(draft_dir).name} proposes ids beyond the target's vocabulary")
-        self.to_target = ids.to(self.device)
-        self.to_row = torch.full((target_vocab,), OTHER, dtype=torch.long)
-        self.to_row[ids] = torch.arange(1, len(ids) + 1)
+        model = build(target_dir, load_config(draft_dir), ids, load_file(Path(draft_dir) / "model.safetensors"))
+        super().__init__(draft_dir, target_vocab, model=model.to(dtype), dtype=dtype, **kw)
+        self.to_target = torch.tensor(ids, device=self.device)
 
     @torch.inference_mode()
     def _feed(self, tokens: list[int]) -> None:
-        super()._feed(self.to_row[tokens].tolist())
-        self.seen[len(self.seen) - len(tokens):] = tokens
+        super()._feed(tokens)
         full = self.next_logits.new_full((self.target_vocab,), float("-inf"))
-        full[self.to_target] = self.next_logits[1:]
+        full[self.to_target] = self.next_logits
         self.next_logits = full
 
 
-def load(draft_dir: Path, tokenizer, target_vocab: int, device: str = "cpu", name: str | None = None) -> DistilledDrafter:
+def load(draft_dir: Path, target_dir: Path, tokenizer, target_vocab: int, device: str = "cpu",
+         name: str | None = None) -> DistilledDrafter:
     meta = read_meta(draft_dir)
-    if meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
-        raise ModelError(f"the draft {Path(draft_dir).name} was distilled for a model with another tokenizer")
-    return DistilledDrafter(draft_dir, target_vocab, device=device, name=name)
+    if meta.get("target_config") != config_fingerprint(target_dir) or \
+            meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
+        raise ModelError(f"the draft {Path(draft_dir).name} was distilled for another model ({meta.get('target')})")
+    return DistilledDrafter(draft_dir, target_dir, target_vocab, device=device, name=name)
 
 
 def drafts_dir() -> Path:

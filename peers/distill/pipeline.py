@@ -127,7 +127,7 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
     written = sum(len(s["topk_ids"]) for s in samples)
     progress("data", 1, 1, f"{state['shards']} shards, {written:,} target-written tokens")
 
-    # 2. the draft's vocabulary (fixed from here on: the data is closed) and its initialisation
+    # 2. the draft's head rows (fixed from here on: the data is closed) and its initialisation
     vocab_size = load_config(target_dir).vocab_size
     if state["vocab"] is None:
         counts = torch.bincount(torch.cat([s["ids"][s["start"]:].long() for s in samples]), minlength=vocab_size)
@@ -136,44 +136,46 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
         state["vocab"] = drafts.choose_vocab(counts, plan["vocab"], always)
         _save(state, state_path)
     ids = state["vocab"]
-    to_row = torch.zeros(vocab_size, dtype=torch.long)  # target id -> draft row (0: not in the draft's vocabulary)
-    to_row[torch.tensor(ids)] = torch.arange(1, len(ids) + 1)
+    to_row = torch.full((vocab_size,), -1, dtype=torch.long)  # target id -> head row (-1: not in the head)
+    to_row[torch.tensor(ids)] = torch.arange(len(ids))
     data, held_out = train.to_rows(samples, to_row), train.to_rows(held_out, to_row)
+    target = None  # training needs only the data and the target's files: free its memory
     ckpt = work / "ckpt.pt"
     if ckpt.is_file():
         saved = torch.load(ckpt)
-        model = _draft_from(saved["config"], device)
-        model.load_state_dict(saved["model"])
+        model = drafts.build(target_dir, drafts.draft_config(target_dir, plan["layers"]), ids, saved["model"])
+        model.to(device)
         opt = train.optimizer(model)
         opt.load_state_dict(saved["opt"])
     else:
-        torch.manual_seed(seed)
-        model = drafts.init_draft(load_target(), ids, plan["layers"]).to(device)
+        model = drafts.init_draft(target_dir, ids, plan["layers"]).to(device)
         opt = train.optimizer(model)
         state["agreement_init"] = train.agreement(model, held_out, device)
-    target = None  # training needs only the data: free the target's memory
 
     def checkpoint():
-        _save({"config": model.config.to_dict(), "model": model.state_dict(), "opt": opt.state_dict()}, ckpt)
+        _save({"model": drafts.own_state(model), "opt": opt.state_dict()}, ckpt)
         _save(state, state_path)
 
     # 3. training
     train_budget = max(o.minutes * 60 - state["data_s"], 0.0)
     done = (lambda: state["step"] >= o.steps) if o.steps is not None else (lambda: state["train_s"] >= train_budget)
-    last_save, loss = time.monotonic(), math.nan
+    last_save, loss, between_steps = time.monotonic(), math.nan, True
     try:
         while not done():
             t0 = time.perf_counter()
+            between_steps = False
             loss = train.step(model, opt, data, seed, state["step"], device)
             state["step"] += 1
             state["train_s"] += time.perf_counter() - t0
+            between_steps = True
             progress("train", *((state["step"], o.steps) if o.steps is not None else (state["train_s"], train_budget)),
                      f"step {state['step']}, loss {loss:.3f}")
             if time.monotonic() - last_save > CHECKPOINT_EVERY_S:
                 checkpoint()
                 last_save = time.monotonic()
-    finally:  # also on Ctrl-C: the next run continues from here
-        checkpoint()
+    finally:  # also on Ctrl-C (unless it cut a step in half): the next run continues from here
+        if between_steps:
+            checkpoint()
 
     # 4. export
     summary = {"target": target_dir.name, "target_config": plan["target_config"],
@@ -190,13 +192,3 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
     drafts.save_draft(model, ids, out, summary)
     return summary
 
-
-def _draft_from(config: dict, device: str):
-    """An empty draft of the checkpoint's shape, embedding and head frozen as init_draft leaves them."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model(**config)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).to(device)
-    model.get_input_embeddings().requires_grad_(False)
-    model.get_output_embeddings().requires_grad_(False)
-    return model

@@ -15,31 +15,31 @@ LR, WARMUP = 3e-4, 50
 
 
 def to_rows(samples: list[dict], to_row: torch.Tensor) -> list[dict]:
-    """Samples in draft rows: ids for the input, label rows (0 = not in the draft's vocabulary) and weights."""
+    """Samples with labels as head rows (-1: a token the draft cannot propose) and their renormalised weights."""
     out = []
     for s in samples:
-        rows = to_row[s["ids"].long()].int()
-        labels = to_row[s["topk_ids"].long()].int()
-        p = s["topk_p"].float() * (labels != 0)
+        labels = to_row[s["topk_ids"].long()]
+        p = s["topk_p"].float() * (labels >= 0)
         keep = p.sum(-1) > 0
         p[keep] /= p[keep].sum(-1, keepdim=True)
-        out.append({"rows": rows, "start": s["start"], "labels": labels, "p": p.half()})  # compact: data stays in memory
+        # compact dtypes: all the data stays in memory
+        out.append({"ids": s["ids"], "start": s["start"], "labels": labels.int(), "p": p.half()})
     return out
 
 
 def collate(batch: list[dict], device) -> tuple[torch.Tensor, ...]:
     """Right-padded inputs [B, T], attention mask, labels [B, T, k], their weights, and where answers are."""
-    T = min(max(len(s["rows"]) for s in batch) - 1, MAX_LEN)
+    T = min(max(len(s["ids"]) for s in batch) - 1, MAX_LEN)
     k = batch[0]["labels"].shape[-1]
     B = len(batch)
     ids = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T, dtype=torch.long)
-    labels = torch.zeros(B, T, k, dtype=torch.long)
+    labels = torch.full((B, T, k), -1, dtype=torch.long)
     weights = torch.zeros(B, T, k)
     answer = torch.zeros(B, T, dtype=torch.bool)
     for b, s in enumerate(batch):
-        n = min(len(s["rows"]) - 1, T)
-        ids[b, :n], mask[b, :n] = s["rows"][:n], 1
+        n = min(len(s["ids"]) - 1, T)
+        ids[b, :n], mask[b, :n] = s["ids"][:n], 1
         # the logits at position t predict token t + 1: answer token j (at start + j) is predicted at start + j - 1
         a, e = s["start"] - 1, min(s["start"] - 1 + len(s["labels"]), n)
         if e > a:
@@ -50,15 +50,13 @@ def collate(batch: list[dict], device) -> tuple[torch.Tensor, ...]:
 def answer_logits(model, ids, mask, answer) -> torch.Tensor:
     """Logits [N, rows] at the answer positions only: the head is most of the cost, prompts need none."""
     h = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state[answer]
-    logits = model.get_output_embeddings()(h).float()
-    logits[:, 0] = float("-inf")  # the "other" row is an input only, never a proposal
-    return logits
+    return model.lm_head(h).float()
 
 
 def loss_fn(model, ids, mask, labels, weights, answer) -> torch.Tensor:
-    logp = torch.log_softmax(answer_logits(model, ids, mask, answer), -1).gather(-1, labels[answer])
-    w = weights[answer]
-    return -(w * logp.nan_to_num(neginf=0.0)).sum() / w.sum().clamp_min(1.0)
+    logp = torch.log_softmax(answer_logits(model, ids, mask, answer), -1).gather(-1, labels[answer].clamp_min(0))
+    w = weights[answer]  # 0 where the label is -1
+    return -(w * logp).sum() / w.sum().clamp_min(1.0)
 
 
 def lr_at(step: int) -> float:
@@ -92,8 +90,7 @@ def agreement(model, data: list[dict], device) -> float:
     hit = total = 0
     for i in range(0, len(data), BATCH):
         ids, mask, labels, _, answer = collate(data[i : i + BATCH], device)
-        top = labels[answer][:, 0]  # row of the target's top token; 0 if the draft cannot output it (a sure miss)
-        guess = answer_logits(model, ids, mask, answer).argmax(-1)
-        hit += int(((guess == top) & (top != 0)).sum())
+        top = labels[answer][:, 0]  # head row of the target's top token; -1 if the draft cannot propose it
+        hit += int((answer_logits(model, ids, mask, answer).argmax(-1) == top).sum())
         total += len(top)
     return hit / max(total, 1)
