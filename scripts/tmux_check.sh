@@ -36,40 +36,49 @@ wait_for() {
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
+# echo_keys LABEL: type a few keys one at a time, each timed from send-keys until the prompt line shows it.
+# Coarse: every poll runs capture-pane, so the numbers include tmux's own cost (scripts/key_echo.py times
+# the echo precisely on a pseudo-terminal).
+echo_keys() {
+    local typed="" worst=0 total=0 n=0 start ms
+    for ch in q z x j k; do
+        [ "$1" = idle ] || pane | grep -qF "answering…" || break  # only while the answer streams
+        typed="$typed$ch"
+        start=$(now_ms)
+        tmux send-keys -t "$SESSION" -l "$ch"
+        until pane | grep -qF "▊  $typed"; do
+            [ $(($(now_ms) - start)) -lt 5000 ] || fail "the key '$ch' did not show within 5 s"
+        done
+        ms=$(($(now_ms) - start))
+        total=$((total + ms)) n=$((n + 1))
+        [ $ms -gt $worst ] && worst=$ms
+        sleep 0.1
+    done
+    [ $n -gt 0 ] && echo "key echo $1 (tmux polling): mean $((total / n)) ms, worst $worst ms over $n keys"
+    return 0
+}
+
 tmux new-session -d -s "$SESSION" -x 150 -y 45 \
     -e SFCHAT_MODELS_DIR="$SFCHAT_MODELS_DIR" -e SFCHAT_DATA_DIR="$SFCHAT_DATA_DIR" \
     -e SFCHAT_CONFIG_DIR="$SFCHAT_CONFIG_DIR" -e SFCHAT_CACHE_DIR="$SFCHAT_CACHE_DIR" \
-    "$PY -m sfchat host --model '$MODEL' --local-peers $PEERS --listen 127.0.0.1:0 --max-new-tokens 48 \
+    "unset COLUMNS LINES; $PY -m sfchat host --model '$MODEL' --local-peers $PEERS --listen 127.0.0.1:0 --max-new-tokens 48 \
        --temperature 0; echo EXITED \$?; sleep 600"
 t0=$SECONDS
 wait_for "^  ready: " 180
 echo "the ring was ready after $((SECONDS - t0)) s"
-for i in $(seq 1 "$PEERS"); do pane | grep -q "local$i .* ready" || fail "local$i is not ready in the ring panel"; done
+for i in $(seq 1 "$PEERS"); do wait_for "local$i .* ready" 60; done  # members joining late re-plan the ring
 TOKEN="$(pane | grep -o -- '--token [A-Za-z0-9_-]*' | head -1 | cut -d' ' -f2)"
 [ -n "$TOKEN" ] || fail "no invite with a token on screen"
 show "ready"
 
+echo_keys "idle"
+tmux send-keys -t "$SESSION" C-u
 tmux send-keys -t "$SESSION" -l "$PROMPT"
 tmux send-keys -t "$SESSION" Enter
 wait_for "answering" 30
 wait_for "tok/round" 60
-# key echo while the model generates: one key at a time, from send-keys until the prompt line shows it
-typed="" worst=0 total=0 n=0
-for ch in q z x j k; do
-    pane | grep -qF "answering…" || break
-    typed="$typed$ch"
-    start=$(now_ms)
-    tmux send-keys -t "$SESSION" -l "$ch"
-    until pane | grep -qF "▊  $typed"; do
-        [ $(($(now_ms) - start)) -lt 5000 ] || fail "the key '$ch' did not show within 5 s"
-    done
-    ms=$(($(now_ms) - start))
-    total=$((total + ms)) n=$((n + 1))
-    [ $ms -gt $worst ] && worst=$ms
-    sleep 0.1
-done
-[ $n -gt 0 ] && echo "key echo while generating (tmux, includes capture-pane polling): $n keys, mean $((total / n)) ms, worst $worst ms"
-wait_for "^  ready *(│|$)" 120  # the status line under the prompt
+echo_keys "while generating"
+wait_for "^  ready( |$)" 120  # the status line under the prompt
 show "answered"
 if [ -n "$EXPECT" ]; then pane | grep -qF "$EXPECT" || fail "the answer does not mention '$EXPECT'"; fi
 pane | grep -Eq "tok/round +[0-9]" || fail "no tokens per round in the stats panel"

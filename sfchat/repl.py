@@ -14,7 +14,6 @@ from .runtime import build_host, drafter_for, open_ring, say
 
 async def host_repl(args) -> int:
     host = build_host(args)
-    host.auto_replan = True
     async with open_ring(args, host=host) as ring:
         say(f"sfchat host on {host.address}. On each other machine run:\n  {host.invite()}")
         drafter = drafter_for(args, ring)

@@ -1,0 +1,84 @@
+"""The user's settings (default temperature, K, draft, model) in a TOML file in the config dir."""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import tomli_w
+
+from peers.locations import config_dir
+
+from .store import write_atomic
+
+DEFAULT_TEMPERATURE = 0.7
+
+
+@dataclass
+class Settings:
+    temperature: float = DEFAULT_TEMPERATURE
+    k: str = "auto"  # "auto" (adaptive) or a pinned draft length
+    draft: str = "auto"  # auto (the best known), none, ngram, or a draft model
+    model: str = ""  # "" = the default model
+
+    @property
+    def k_pinned(self) -> int | None:
+        return None if self.k == "auto" else int(self.k)
+
+    @property
+    def draft_spec(self) -> str | None:
+        return None if self.draft == "auto" else self.draft
+
+
+def path() -> Path:
+    return config_dir() / "settings.toml"
+
+
+def parse_k(value) -> str:
+    if str(value) == "auto":
+        return "auto"
+    k = int(value)
+    if not 0 <= k <= 32:
+        raise ValueError("K must be auto or 0..32")
+    return str(k)
+
+
+def parse_temperature(value) -> float:
+    t = float(value)
+    if not 0 <= t <= 5:
+        raise ValueError("temperature must be in 0..5")
+    return t
+
+
+def load() -> Settings:
+    """The settings file, each bad or missing value replaced by its default (a typo must not stop the app)."""
+    s = Settings()
+    try:
+        raw = tomllib.loads(path().read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return s
+    for key, check in (("temperature", parse_temperature), ("k", parse_k), ("draft", str), ("model", str)):
+        if key in raw:
+            try:
+                setattr(s, key, check(raw[key]))
+            except (TypeError, ValueError):
+                pass
+    return s
+
+
+def save(s: Settings) -> Path:
+    p = path()
+    write_atomic(p, "# sfchat settings; `sfchat config` prints this file's path\n" + tomli_w.dumps(asdict(s)))
+    return p
+
+
+def apply_to_args(args, s: Settings) -> None:
+    """Fill what the command line left unset (None) from the settings."""
+    if getattr(args, "temperature", None) is None:
+        args.temperature = s.temperature
+    if getattr(args, "k", None) is None:
+        args.k = s.k_pinned
+    if getattr(args, "draft", None) is None:
+        args.draft = s.draft_spec
+    if not getattr(args, "model", None) and s.model:
+        args.model = s.model

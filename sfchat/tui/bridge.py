@@ -1,0 +1,245 @@
+"""Trio runs the engine, Textual runs on asyncio: each keeps its own thread and loop.
+
+Engine -> UI: Textual messages through `post` (`post_message`, thread-safe and non-blocking, so a busy UI never
+stalls a round). UI -> engine: `TrioToken.run_sync_soon` drops a request into a trio memory channel; it never
+waits for trio either. Model compute runs in trio's worker threads and in the peer processes, never on the UI loop.
+"""
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import logging
+import math
+import threading
+from dataclasses import dataclass
+
+import trio
+
+from peers.adaptive import KPolicy
+from peers.chat import Chat
+from peers.drafters import make_drafter
+from peers.host import Host
+from peers.peer import Peer, PeerState
+from peers.sampling import SamplingParams
+from sfchat.runtime import build_host, open_ring
+
+from .messages import (AnswerDelta, AnswerDone, AnswerFailed, EngineFailed, LogLine, PeerChanged, Ready, Recovering,
+                       RingChanged, RoundDone, Status)
+
+log = logging.getLogger("sfchat.tui")
+
+
+def describe(e: BaseException) -> str:
+    from sfchat.cli import user_error
+
+    err = user_error(e) or e
+    return str(err) or type(err).__name__
+
+
+@dataclass
+class AskOptions:
+    """The chat's settings at the moment a prompt is sent (a later /temp applies to the next answer)."""
+
+    temperature: float
+    k: int | None
+    draft: str | None
+    max_new_tokens: int
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+class Worker:
+    """A trio.run in its own thread, started with the UI's context so Textual knows its app there."""
+
+    name = "sfchat-trio"
+
+    def __init__(self, post):
+        self.post = post
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._lock = threading.Lock()
+        self._scope: trio.CancelScope | None = None
+        self._closing = False
+        ctx = contextvars.copy_context()
+        self.thread = threading.Thread(target=ctx.run, args=(self._thread,), name=self.name, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _thread(self) -> None:
+        try:
+            trio.run(self._scoped)
+        except BaseException as e:  # noqa: BLE001 - whatever killed the engine, the UI must say so and stay up
+            log.exception("the engine stopped")
+            self.post(EngineFailed(describe(e)))
+
+    async def _scoped(self) -> None:
+        with trio.CancelScope() as self._scope:
+            with self._lock:
+                self._token = trio.lowlevel.current_trio_token()
+            if self._closing:
+                return
+            await self.main()
+
+    async def main(self) -> None:
+        raise NotImplementedError
+
+    def call_soon(self, fn, *args) -> bool:
+        """Run fn(*args) in the trio thread soon; False when trio is not running (yet or any more)."""
+        if self._token is None:
+            return False
+        try:
+            self._token.run_sync_soon(fn, *args)
+            return True
+        except trio.RunFinishedError:
+            return False
+
+    def close(self, timeout: float = 20) -> None:
+        """Cancel everything (the ring closes its members and local peer processes on the way out) and wait."""
+        self._closing = True
+        if self._scope is not None:
+            self.call_soon(self._scope.cancel)
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+
+class Engine(Worker):
+    """The host, its ring and one chat; requests from the UI are served one at a time."""
+
+    name = "sfchat-engine"
+
+    def __init__(self, args, post, messages: list[dict] | None = None):
+        super().__init__(post)
+        self.args = args
+        self.stop_upto = 0  # Esc: answers numbered <= this stop at the next round
+        self._requests, self._inbox = trio.open_memory_channel(math.inf)
+        self._early: list[tuple] = []  # requests made before trio started
+        self._first_messages = list(messages or [])
+        self.host: Host | None = None
+
+    # --- called from the UI thread --------------------------------------------------------------------------
+
+    def ask(self, n: int, text: str, opts: AskOptions) -> None:
+        self._queue("ask", n, text, opts)
+
+    def load(self, messages: list[dict]) -> None:
+        """Start over with these messages (a new chat, or a saved one: the next answer replays them)."""
+        self._queue("load", list(messages))
+
+    def stop_answer(self, n: int) -> None:
+        self.stop_upto = max(self.stop_upto, n)  # read between rounds by should_stop; a plain int is thread-safe
+
+    def _queue(self, *request) -> None:
+        with self._lock:
+            if self._token is None:  # trio has not started yet: main() picks these up first
+                self._early.append(request)
+                return
+        self.call_soon(self._requests.send_nowait, request)
+
+    # --- the trio thread ------------------------------------------------------------------------------------
+
+    def _say(self, *a) -> None:
+        self.post(Status(" ".join(str(x) for x in a)))
+
+    def _ring_changed(self) -> None:
+        if self.host is not None and self.host.port:
+            self.post(RingChanged(self.host.members_info(), self.host.invite()))
+
+    async def main(self) -> None:
+        with self._lock:  # before any checkpoint, so these stay ahead of requests sent through the token
+            for request in self._early:
+                self._requests.send_nowait(request)
+            self._early.clear()
+        a = self.args
+        self._say("loading the model…")
+        self.host = host = build_host(a, on_change=self._ring_changed)  # the same host as --headless
+        host.say = self._say  # its progress lines go to the status line, not to a terminal Textual owns
+        if a.local_peers:
+            self._say(f"starting {a.local_peers} local peer(s)…")
+        async with open_ring(a, host=host, announce=False) as ring:
+            self.ring = ring
+            self.chat = Chat(host, ring.tokenizer, ring.eos, messages=self._first_messages)
+            self.policy = KPolicy()
+            self.drafter, self.draft_spec = None, object()
+            await self._use_drafter(a.draft)
+            self._ring_changed()
+            self.post(Ready(host.model_dir.name, self.drafter.name))
+            async for kind, *payload in self._inbox:
+                if kind == "ask":
+                    await self._ask(*payload)
+                elif kind == "load":
+                    await host.drop(self.chat.rs)
+                    self.chat = Chat(host, ring.tokenizer, ring.eos, messages=payload[0])
+
+    async def _use_drafter(self, spec: str | None) -> None:
+        if spec != self.draft_spec:
+            ring = self.ring
+            self.drafter = await trio.to_thread.run_sync(
+                lambda: make_drafter(spec, ring.host.model_dir, ring.host.config.vocab_size, ring.tokenizer,
+                                     device=ring.host.device, say=self._say))
+            self.draft_spec = spec
+
+    async def _ask(self, n: int, text: str, opts: AskOptions) -> None:
+        chat = self.chat
+        before = len(chat.messages)
+        try:
+            await self._use_drafter(opts.draft)
+            self.policy.pinned = opts.k
+            params = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
+
+            def on_round(ev: dict) -> None:
+                if ev.get("event") == "round":
+                    self.post(RoundDone(n, ev))
+                elif ev.get("event") == "recovering":
+                    self.post(Recovering(n, str(ev.get("error"))))
+
+            answer, result = await chat.reply(text, drafter=self.drafter, params=params, policy=self.policy,
+                                              max_new_tokens=opts.max_new_tokens,
+                                              on_text=lambda d: self.post(AnswerDelta(n, d)), on_round=on_round,
+                                              should_stop=lambda: self.stop_upto >= n)
+        except Exception as e:  # a failed answer is reported in the chat; the ring and the app carry on
+            log.exception("answer %d failed", n)
+            del chat.messages[before:]  # no dangling user turn: the next prompt renders cleanly
+            self.post(AnswerFailed(n, describe(e), [dict(m) for m in chat.messages]))
+            return
+        self.post(AnswerDone(n, answer, result.finish, [dict(m) for m in chat.messages], self.drafter.name))
+
+
+class PeerWorker(Worker):
+    """`sfchat join`: one Peer in the trio thread, its state posted on every change."""
+
+    name = "sfchat-peer"
+
+    def __init__(self, args, post):
+        super().__init__(post)
+        self.args = args
+
+    def _changed(self, st: PeerState) -> None:
+        self.post(PeerChanged(dataclasses.replace(st, compute_ms=list(st.compute_ms))))
+
+    async def main(self) -> None:
+        a = self.args
+        # the same Peer as `sfchat join --headless` builds, plus the screen's callback
+        peer = Peer(a.address, a.token, model=a.model, listen=a.listen, advertise=a.advertise, device=a.device,
+                    dtype=a.dtype, quant=a.quant, offer_gb=a.offer_gb, name=a.name, on_change=self._changed,
+                    relay=getattr(a, "relay", None), tls_pin=getattr(a, "tls", None))
+        self._changed(peer.st)
+        await peer.run()
+        self._changed(dataclasses.replace(peer.st, state="closed", error="the host closed the ring"))
+
+
+class UILogHandler(logging.Handler):
+    """Log records as messages to the UI (the terminal belongs to Textual; stderr would tear the screen)."""
+
+    def __init__(self, post, level=logging.INFO):
+        super().__init__(level)
+        self.post = post
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name == log.name:  # the UI reports its own failures; these records are for the log file
+            return
+        try:
+            self.post(LogLine(record.levelno, self.format(record)))
+        except Exception:  # noqa: BLE001 - logging must never raise into the engine
+            pass

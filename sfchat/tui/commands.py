@@ -1,0 +1,50 @@
+"""The commands typed in the prompt line, parsed apart from the screen so they are easy to test."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sfchat.settings import parse_k, parse_temperature
+
+HELP = [
+    ("/k N|auto", "pin the draft length K, or let it adapt"),
+    ("/temp T", "sampling temperature, 0 = greedy (kept as your default)"),
+    ("/draft on|off|ngram|MODEL", "the best known drafter, none, prompt lookup, or a draft model"),
+    ("/new", "start a new chat"),
+    ("/chats", "reopen a saved chat"),
+    ("/save [FILE.md]", "save now (chats save as they grow), or export as Markdown"),
+    ("/copy", "copy the last answer to the clipboard"),
+    ("/invite", "copy the `sfchat join …` command"),
+    ("/help", "this screen"),
+]
+DRAFT_WORDS = {"on": "auto", "auto": "auto", "off": "none", "none": "none", "ngram": "ngram"}
+
+
+class CommandError(ValueError):
+    pass
+
+
+@dataclass
+class Command:
+    name: str
+    value: object = None
+
+
+def parse(line: str) -> Command:
+    name, _, arg = line[1:].strip().partition(" ")
+    arg = arg.strip()
+    try:
+        if name == "k":
+            return Command("k", parse_k(arg))
+        if name in ("temp", "temperature"):
+            return Command("temp", parse_temperature(arg))
+        if name == "draft":
+            if not arg:
+                raise ValueError("which drafter? on, off, ngram or a model")
+            return Command("draft", DRAFT_WORDS.get(arg, arg))
+        if name in ("new", "chats", "copy", "invite", "help", "quit"):
+            return Command(name)
+        if name == "save":
+            return Command("save", arg or None)
+    except ValueError as e:
+        raise CommandError(f"/{name}: {e}") from None
+    raise CommandError(f"unknown command /{name}; /help lists them")

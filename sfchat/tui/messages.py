@@ -1,0 +1,80 @@
+"""What the engine (trio thread) tells the UI: Textual messages, posted thread-safely, never blocking trio."""
+from __future__ import annotations
+
+from textual.message import Message
+
+
+class Status(Message):
+    """A line of progress while the ring comes up (model resolving, peers joining)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class RingChanged(Message):
+    def __init__(self, members: list[dict], invite: str) -> None:
+        super().__init__()
+        self.members, self.invite = members, invite
+
+
+class Ready(Message):
+    """The ring is planned; prompts are answered from now on."""
+
+    def __init__(self, model: str, drafter: str) -> None:
+        super().__init__()
+        self.model, self.drafter = model, drafter
+
+
+class AnswerDelta(Message):
+    def __init__(self, n: int, text: str) -> None:
+        super().__init__()
+        self.n, self.text = n, text
+
+
+class RoundDone(Message):
+    """One verify round of answer `n`: the engine's round event (round timings, running stats)."""
+
+    def __init__(self, n: int, event: dict) -> None:
+        super().__init__()
+        self.n, self.event = n, event
+
+
+class Recovering(Message):
+    def __init__(self, n: int, error: str) -> None:
+        super().__init__()
+        self.n, self.error = n, error
+
+
+class AnswerDone(Message):
+    def __init__(self, n: int, text: str, finish: str, messages: list[dict], drafter: str) -> None:
+        super().__init__()
+        self.n, self.text, self.finish, self.messages, self.drafter = n, text, finish, messages, drafter
+
+
+class AnswerFailed(Message):
+    def __init__(self, n: int, error: str, messages: list[dict]) -> None:
+        super().__init__()
+        self.n, self.error, self.messages = n, error, messages
+
+
+class EngineFailed(Message):
+    """The ring could not be brought up or broke for good; the app stays open to show why."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+class LogLine(Message):
+    def __init__(self, level: int, text: str) -> None:
+        super().__init__()
+        self.level, self.text = level, text
+
+
+class PeerChanged(Message):
+    """A snapshot of the peer's state (a copy: the trio thread keeps mutating its own)."""
+
+    def __init__(self, state) -> None:
+        super().__init__()
+        self.state = state

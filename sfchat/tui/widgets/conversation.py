@@ -1,0 +1,58 @@
+"""The conversation: one Markdown block per message, kept scrolled to the newest while it grows."""
+from __future__ import annotations
+
+from textual.containers import VerticalScroll
+from textual.widgets import Markdown
+
+ROLE_TITLES = {"user": "you", "assistant": "assistant"}
+FLUSH_S = 0.05  # the ring can commit ~100 pieces a second; re-parsing the Markdown 20 times a second reads as smooth
+
+
+class ChatMessage(Markdown):
+    def __init__(self, role: str, content: str = "") -> None:
+        super().__init__(content, classes=role)
+        self.role = role
+        self.border_title = ROLE_TITLES.get(role, role)
+        self.streamed = ""
+        self._unwritten = ""
+        self._stream = self._timer = None
+
+    def start_stream(self) -> None:
+        """Grow this message as text arrives: batched on a timer, then through Textual's MarkdownStream."""
+        self._stream = Markdown.get_stream(self)
+        self._timer = self.set_interval(FLUSH_S, self._flush)
+
+    def feed(self, text: str) -> None:
+        self.streamed += text
+        self._unwritten += text
+
+    async def _flush(self) -> None:
+        if self._unwritten and self._stream is not None:
+            text, self._unwritten = self._unwritten, ""
+            await self._stream.write(text)
+
+    async def end_stream(self, final: str | None = None) -> None:
+        if self._stream is None:
+            return
+        self._timer.stop()
+        await self._flush()
+        await self._stream.stop()
+        self._stream = None
+        if final is not None and final != self.streamed:
+            await self.update(final)  # the last decode can differ from the streamed pieces at the very end
+
+
+class Conversation(VerticalScroll):
+    def on_mount(self) -> None:
+        self.anchor()  # follow the end as the answer streams, until the user scrolls up
+
+    async def add(self, role: str, content: str = "") -> ChatMessage:
+        msg = ChatMessage(role, content)
+        await self.mount(msg)
+        return msg
+
+    async def show(self, messages: list[dict]) -> None:
+        """Replace what is shown with these messages (a new or a reopened chat)."""
+        await self.remove_children()
+        await self.mount_all([ChatMessage(m["role"], m["content"]) for m in messages])
+        self.anchor()

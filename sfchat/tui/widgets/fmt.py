@@ -1,0 +1,19 @@
+"""Numbers as the panels show them."""
+from __future__ import annotations
+
+
+def size(n: int | None) -> str:
+    if not n:
+        return "—"
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}" if n < 10 * scale else f"{n / scale:.0f} {unit}"
+    return f"{n} B"
+
+
+def ms(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f} ms" if x < 100 else f"{x:.0f} ms"
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.0f}%"

@@ -1,0 +1,53 @@
+"""The ring panel: every member with address, layers, device, memory, round-trip time and state; the invite."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.content import Content
+from textual.widgets import DataTable, Static
+
+from .fmt import ms, size
+
+COLUMNS = ("name", "address", "layers", "device", "memory", "rtt", "state")
+WIDTHS = {"layers": 7, "memory": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
+STATE_STYLES = {"ready": "$success", "joining": "$warning", "loading": "$warning", "idle": "$text-muted",
+                "lost": "$error", "failed": "$error"}
+
+
+def state_cell(state: str) -> Content:
+    return Content.styled(state, STATE_STYLES.get(state, ""))
+
+
+class RingPanel(Horizontal):
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.border_title = "ring"
+        self.invite = ""
+
+    def compose(self) -> ComposeResult:
+        yield DataTable(id="members", cursor_type="none", show_cursor=False, zebra_stripes=True)
+        yield Static("", id="invite")
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        for name in COLUMNS:
+            table.add_column(name, key=name, width=WIDTHS.get(name))
+
+    def show(self, members: list[dict], invite: str) -> None:
+        table = self.query_one(DataTable)
+        rows = {str(m["id"]): (m["name"], m["address"], m["layers"] or "—", m["device"], size(m["memory_bytes"]),
+                               ms(m["rtt_ms"]), state_cell(m["state"])) for m in members}
+        if list(rows) != [key.value for key in table.rows]:  # members came or went: rebuild
+            table.clear()
+            for key, cells in rows.items():
+                table.add_row(*cells, key=key)
+        else:  # every heartbeat changes a round-trip time: touch only the cells that changed
+            for key, cells in rows.items():
+                for column, value in zip(COLUMNS, cells):
+                    if table.get_cell(key, column) != value:
+                        table.update_cell(key, column, value)
+        if invite != self.invite:
+            self.invite = invite
+            self.query_one("#invite", Static).update(Text.assemble(
+                ("invite", "bold"), " (Ctrl+T copies it); on another machine run:\n", (invite, "bold")))

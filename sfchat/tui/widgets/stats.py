@@ -1,0 +1,79 @@
+"""The stats panel: speed, a sparkline of tokens/s, tokens and acceptance per round, K, the round's time split."""
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Sparkline, Static
+
+from .fmt import ms, pct
+
+SPARK_POINTS = 60
+REFRESH_S = 0.1  # a tiny model commits ~100 rounds a second; redrawing the panel that often starves the keyboard
+
+
+def _grid(rows: list[tuple[str, str]]) -> Table:
+    t = Table.grid(padding=(0, 1))
+    t.add_column(style="bold", min_width=10)
+    t.add_column()
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+class StatsPanel(Vertical):
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.border_title = "stats"
+        self.history: list[float] = []  # tokens/s now, after each round of every answer in this session
+        self.latest: dict | None = None
+        self.dirty = False
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="speed")
+        yield Sparkline([], id="tps-spark")
+        yield Static(id="rounds")
+        yield Static(id="settings")
+
+    def on_mount(self) -> None:
+        self.show_round(None)
+        self.set_interval(REFRESH_S, self.flush)
+
+    def add_round(self, event: dict) -> None:
+        """One round event of the engine; shown at the next refresh."""
+        self.history = (self.history + [event["stats"].get("tokens_per_second_now", 0.0)])[-SPARK_POINTS:]
+        self.latest, self.dirty = event, True
+
+    def flush(self) -> None:
+        if self.dirty:
+            self.dirty = False
+            self.show_round(self.latest, layout=False)  # same rows, same size: skip the screen's re-layout
+
+    def show_round(self, event: dict | None, layout: bool = True) -> None:
+        r, s = (event or {}).get("round", {}), (event or {}).get("stats", {})
+        speed = Table.grid(padding=(0, 1))
+        speed.add_column(style="bold", min_width=10)
+        for _ in range(3):
+            speed.add_column(justify="right", min_width=6)
+        speed.add_row("", *(Text(h, style="dim") for h in ("now", "avg", "peak")))
+        speed.add_row("tok/s", *(f"{s[key]:.1f}" if key in s else "—" for key in
+                                 ("tokens_per_second_now", "tokens_per_second", "tokens_per_second_peak")))
+        self.query_one("#speed", Static).update(speed, layout=layout)
+        self.query_one("#tps-spark", Sparkline).data = list(self.history)
+        peers = [ms for _, ms in r.get("peers", [])]
+        self.query_one("#rounds", Static).update(_grid([
+            ("tok/round", f"{s['tokens_per_round']:.2f} (last {r['committed']})" if r else "—"),
+            ("accepted", f"{pct(s.get('acceptance'))} ({s.get('accepted', 0)}/{s.get('drafted', 0)})" if s else "—"),
+            ("K", str(r["k"]) if r else "—"),
+            ("round", ms(r.get("round_ms"))),
+            ("  draft", ms(r.get("draft_ms"))),
+            ("  host", ms(r.get("host_ms"))),
+            ("  network", ms(r.get("network_ms"))),
+            ("  peers", ms(sum(peers)) if r else "—"),
+            ("  verify", ms(r.get("verify_ms"))),
+        ]), layout=layout)
+
+    def show_settings(self, temperature: float, k: int | None, drafter: str) -> None:
+        self.query_one("#settings", Static).update(_grid([
+            ("temp", f"{temperature:g}"), ("K", "auto" if k is None else f"{k} (pinned)"), ("draft", drafter)]))

@@ -1,0 +1,206 @@
+"""The real host app, driven by Textual's pilot, on a real ring of tiny models (a local peer process each)."""
+from __future__ import annotations
+
+import asyncio
+import io
+import statistics
+import time
+
+from rich.console import Console
+
+from sfchat import settings, store
+from sfchat.cli import parser
+from sfchat.tui.app import HostApp
+from sfchat.tui.screens.history import HistoryScreen
+from sfchat.tui.widgets.conversation import ChatMessage
+from sfchat.tui.widgets.prompt import PromptInput
+from sfchat.tui.widgets.ring import RingPanel
+from sfchat.tui.widgets.stats import StatsPanel
+from textual import events
+from textual.widgets import DataTable, Static
+
+SIZE = (140, 45)
+
+
+def host_app(model, *extra: str, conv: store.Conversation | None = None) -> HostApp:
+    args = parser().parse_args(["host", "--model", str(model), "--local-peers", "1", "--listen", "127.0.0.1:0",
+                                *extra])
+    settings.apply_to_args(args, settings.load())
+    return HostApp(args, settings.load(), conv or store.Conversation(temperature=args.temperature))
+
+
+async def until(pilot, cond, what: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.05)
+
+
+async def ready(app, pilot) -> None:
+    await until(pilot, lambda: app.main_screen.ready, "the ring")
+    table = app.main_screen.query_one(RingPanel).query_one(DataTable)
+    await until(pilot, lambda: table.row_count == 2, "two members in the ring panel")
+
+
+async def ask(app, pilot, text: str) -> ChatMessage:
+    await pilot.press(*text, "enter")
+    await until(pilot, lambda: not app.main_screen.answering, "the answer")
+    return list(app.main_screen.query(ChatMessage))[-1]
+
+
+async def echo_ms(app, prompt: PromptInput, ch: str) -> float:
+    """Milliseconds from a key arriving (as the terminal driver posts it) to the prompt line holding it."""
+    n = len(prompt.value)
+    t0 = time.perf_counter()
+    app.post_message(events.Key(ch, ch))
+    while len(prompt.value) == n:
+        await asyncio.sleep(0.0005)
+    await asyncio.sleep(0.02)  # a person types at most ~50 keys a second
+    return (time.perf_counter() - t0 - 0.02) * 1e3
+
+
+def text_of(widget: Static) -> str:
+    """What a Static shows, as plain text (the panels hold Rich tables)."""
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(widget.content)
+    return console.export_text()
+
+
+def test_prompt_answer_stats_commands_and_quit(tiny_llama):
+    app = host_app(tiny_llama, "--max-new-tokens", "24")
+
+    async def main():
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(app, pilot)
+            scr = app.main_screen
+            ring = [row for row in scr.query_one(RingPanel).query_one(DataTable).rows]
+            assert ring == ["0", "1"]
+            assert "sfchat join 127.0.0.1:" in scr.query_one(RingPanel).invite
+
+            answer = await ask(app, pilot, "hello world")
+            assert answer.source and answer.source == scr.conv.messages[-1]["content"]
+            assert [m["role"] for m in scr.conv.messages] == ["user", "assistant"]
+            rounds = text_of(scr.query_one(StatsPanel).query_one("#rounds", Static))
+            assert "tok/round" in rounds and "(last " in rounds
+            speed = text_of(scr.query_one(StatsPanel).query_one("#speed", Static))
+            assert "tok/s" in speed and "—" not in speed
+            assert scr.query_one(StatsPanel).history  # the sparkline's data
+
+            # saved as it grows, atomically, in the private data dir
+            saved = store.load(scr.conv.id)
+            assert saved.messages == scr.conv.messages
+
+            # the commands change the settings file and what the panel shows
+            await pilot.press(*"/temp 0.3", "enter")
+            await pilot.press(*"/k 2", "enter")
+            await pilot.press(*"/draft off", "enter")
+            s = settings.load()
+            assert (s.temperature, s.k, s.draft) == (0.3, "2", "none")
+            assert scr.temperature == 0.3 and scr.k == 2 and scr.draft == "none"
+            shown = text_of(scr.query_one(StatsPanel).query_one("#settings", Static))
+            assert "0.3" in shown and "2 (pinned)" in shown
+
+            # multi-turn through the chat template, with the new settings
+            await ask(app, pilot, "and again")
+            assert [m["role"] for m in scr.conv.messages] == ["user", "assistant"] * 2
+            assert "none" in text_of(scr.query_one(StatsPanel).query_one("#settings", Static))
+
+            # the prompt history walks back through what was typed
+            prompt = scr.query_one(PromptInput)
+            await pilot.press("up")
+            assert prompt.value == "and again"
+            await pilot.press("up")
+            assert prompt.value == "/draft off"
+            await pilot.press("down", "down")
+            assert prompt.value == ""
+
+            await pilot.press("ctrl+y")
+            assert app.clipboard == scr.conv.messages[-1]["content"]
+
+            await pilot.press(*"/new", "enter")
+            assert scr.conv.messages == [] and not list(scr.query(ChatMessage))
+            await ask(app, pilot, "fresh start")
+            assert len(scr.conv.messages) == 2 and len(store.list_chats()) == 2
+
+            procs = app.engine.ring.local.procs
+            await pilot.press("ctrl+q")
+            await until(pilot, lambda: not app.engine.thread.is_alive(), "the engine to stop", 30)
+            assert all(p.poll() is not None for p in procs)  # every process the app started is gone
+
+    asyncio.run(main())
+
+
+def test_escape_stops_a_long_answer_and_keys_echo_fast(tiny_llama):
+    app = host_app(tiny_llama, "--max-new-tokens", "400", "--draft", "none", "--temperature", "0")
+
+    async def main():
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(app, pilot)
+            scr = app.main_screen
+            stats = scr.query_one(StatsPanel)
+            await pilot.press(*"hello world", "enter")  # greedy, this tiny model runs to the limit
+            await until(pilot, lambda: len(stats.history) >= 5, "the first rounds")
+            # while the ring generates, a key press reaches the prompt line quickly
+            prompt = scr.query_one(PromptInput)
+            delays = [await echo_ms(app, prompt, ch) for ch in "typing while it streams"]
+            assert scr.answering, "the answer finished before the keys were measured"
+            print(f"\nkey echo while generating: median {statistics.median(delays):.1f} ms, max {max(delays):.1f} ms")
+            assert statistics.median(delays) < 50
+            await pilot.press("escape")
+            await until(pilot, lambda: not scr.answering, "the answer to stop")
+            answer = list(scr.query(ChatMessage))[-1]
+            assert answer.border_subtitle == "stopped"
+            assert len(stats.history) < 400  # one token per round without a drafter: it stopped early
+            assert scr.conv.messages[-1] == {"role": "assistant", "content": answer.source}
+            assert store.load(scr.conv.id).messages == scr.conv.messages
+            assert prompt.value == "typing while it streams"  # what was typed meanwhile is still there
+            await app.action_quit()
+
+    asyncio.run(main())
+
+
+def test_saved_chats_reopen(tiny_llama):
+    older = store.Conversation(messages=[{"role": "user", "content": "older question"},
+                                         {"role": "assistant", "content": "older *answer*"}], temperature=0.0)
+    store.save(older)
+    newer = store.Conversation(messages=[{"role": "user", "content": "newer question"},
+                                         {"role": "assistant", "content": "newer answer"}])
+    store.save(newer)
+    # `sfchat host --resume` reopens the latest one
+    app = host_app(tiny_llama, "--max-new-tokens", "12", conv=store.resume("last"))
+
+    async def main():
+        async with app.run_test(size=SIZE) as pilot:
+            scr = app.main_screen
+            await pilot.pause()
+            assert [m.source for m in scr.query(ChatMessage)] == ["newer question", "newer answer"]
+            await ready(app, pilot)
+            # the chats screen lists both, newest first; choosing the older one shows and continues it
+            await pilot.press("ctrl+o")
+            assert isinstance(app.screen, HistoryScreen)
+            await pilot.press("down", "enter")
+            await until(pilot, lambda: scr.conv.id == older.id, "the older chat")
+            assert [m.source for m in scr.query(ChatMessage)] == ["older question", "older *answer*"]
+            assert scr.temperature == 0.0  # the chat's own temperature comes back with it
+            answer = await ask(app, pilot, "follow up")
+            assert answer.source and answer.border_subtitle != "failed"
+            again = store.load(older.id)
+            assert [m["content"] for m in again.messages][:3] == ["older question", "older *answer*", "follow up"]
+            assert len(again.messages) == 4 and len(store.load(newer.id).messages) == 2
+            await app.action_quit()
+
+    asyncio.run(main())
+
+
+def test_a_ring_that_cannot_start_says_why_and_quits(tmp_path):
+    app = host_app(tmp_path / "no-such-model")
+
+    async def main():
+        async with app.run_test(size=SIZE) as pilot:
+            status = app.main_screen.query_one("#status", Static)
+            await until(pilot, lambda: "the ring stopped" in str(status.content), "the error", 30)
+            assert "no-such-model" in str(status.content)
+            await pilot.press("ctrl+q")
+            await until(pilot, lambda: not app.engine.thread.is_alive(), "the engine thread to end", 10)
+
+    asyncio.run(main())

@@ -1,0 +1,70 @@
+"""The peer's screen (`sfchat join` on a terminal), driven by the pilot, serving a real headless host."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from helpers import ROOT
+from sfchat.cli import parser
+from sfchat.tui.app import PeerApp
+from textual.widgets import Log, Sparkline
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_peer_screen_follows_a_real_ring(tiny_llama, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="sfchat.peer")  # `sfchat join` logs at INFO; its screen shows the log
+    port, token = free_port(), "peer-screen-test"
+    log = open(tmp_path / "host.log", "w")
+    host = subprocess.Popen([sys.executable, "-m", "sfchat", "host", "--headless", "--model", str(tiny_llama),
+                             "--listen", f"127.0.0.1:{port}", "--token", token, "--max-new-tokens", "16",
+                             "--temperature", "0"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        deadline = time.monotonic() + 60
+        while "sfchat host on" not in (tmp_path / "host.log").read_text():
+            assert host.poll() is None and time.monotonic() < deadline, (tmp_path / "host.log").read_text()
+            time.sleep(0.1)
+        args = parser().parse_args(["join", f"127.0.0.1:{port}", "--token", token, "--model", str(tiny_llama),
+                                    "--listen", "127.0.0.1:0", "--name", "tuipeer"])
+        app = PeerApp(args)
+
+        async def until(pilot, cond, what, timeout=60):
+            end = time.monotonic() + timeout
+            while not cond():
+                assert time.monotonic() < end, f"timed out waiting for {what}"
+                await pilot.pause(0.05)
+
+        async def main():
+            async with app.run_test(size=(120, 36)) as pilot:
+                scr = app.main_screen
+                await until(pilot, lambda: scr.state is not None and scr.state.state == "ready", "the peer to be ready")
+                assert scr.state.span is not None and scr.state.span.size > 0
+                assert scr.state.next_hop.startswith("127.0.0.1:")
+                # the host answers a prompt: this peer computes frames and its sparkline fills
+                host.stdin.write("hello world\n")
+                host.stdin.flush()
+                spark = scr.query_one("#compute-spark", Sparkline)
+                await until(pilot, lambda: scr.state.frames >= 3 and spark.data, "frames served")
+                assert scr.state.sessions >= 1
+                assert any("joined" in line for line in scr.query_one(Log).lines)
+                host.stdin.close()  # the host ends its loop and says bye to the ring
+                await until(pilot, lambda: scr.state.state == "closed", "the host to close the ring")
+                await pilot.press("ctrl+q")
+
+        asyncio.run(main())
+        assert host.wait(30) == 0
+    finally:
+        if host.poll() is None:
+            host.kill()
+        log.close()

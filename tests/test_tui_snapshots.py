@@ -1,0 +1,91 @@
+"""Snapshots of the host, help and peer screens, fed fixed data (no ring, no timings) so they never drift.
+
+Update after an intended change with: pytest tests/test_tui_snapshots.py --snapshot-update
+"""
+from __future__ import annotations
+
+import logging
+
+from peers.peer import PeerState
+from peers.shard import Span
+from sfchat import settings, store
+from sfchat.cli import parser
+from sfchat.tui.app import HostApp, PeerApp
+from sfchat.tui.messages import LogLine, PeerChanged, Ready, RingChanged
+from sfchat.tui.widgets.stats import StatsPanel
+
+SIZE = (140, 42)
+MB = 2**20
+MEMBERS = [
+    {"id": 0, "name": "host", "address": "192.168.1.10:7340", "device": "cuda", "layers": "0-9", "state": "ready",
+     "rtt_ms": 0.0, "memory_bytes": 1900 * MB, "free_bytes": 0},
+    {"id": 1, "name": "laptop", "address": "192.168.1.21:40111", "device": "cpu", "layers": "10-19",
+     "state": "ready", "rtt_ms": 1.84, "memory_bytes": 820 * MB, "free_bytes": 0},
+    {"id": 2, "name": "desktop", "address": "192.168.1.33:40222", "device": "cuda", "layers": "20-29",
+     "state": "loading", "rtt_ms": 3.2, "memory_bytes": 410 * MB, "free_bytes": 0},
+    {"id": 3, "name": "old-pc", "address": "192.168.1.40:40333", "device": "cpu", "layers": "", "state": "lost",
+     "rtt_ms": None, "memory_bytes": 0, "free_bytes": 0},
+]
+INVITE = "sfchat join 192.168.1.10:7340 --token s3cr3t-t0ken-42"
+MESSAGES = [
+    {"role": "user", "content": "Write a haiku about a ring of computers."},
+    {"role": "assistant", "content": "Layers pass the torch,\nhidden states from hand to hand —\n"
+                                     "one mind, many hosts.\n\n*Written by the **ring**.*"},
+    {"role": "user", "content": "And in Python?"},
+    {"role": "assistant", "content": "```python\nfor peer in ring:\n    x = peer.forward(x)\n```"},
+]
+
+
+def round_event(i: int) -> dict:
+    tps = 20 + 12 * ((i * 7) % 5) / 4
+    return {"event": "round", "new": [1],
+            "round": {"k": 4, "drafted": 4, "accepted": 3, "committed": 4, "draft_ms": 3.2, "hidden_draft_ms": 2.0,
+                      "network_ms": 12.5, "host_ms": 40.1, "peers": [["laptop", 55.0], ["desktop", 31.5]],
+                      "verify_ms": 0.8, "round_ms": 143.1},
+            "stats": {"tokens": 4 * i, "seconds": 1.0, "tokens_per_second": 24.6, "tokens_per_second_now": tps,
+                      "tokens_per_second_peak": 32.0, "rounds": i, "tokens_per_round": 3.25, "drafted": 4 * i,
+                      "accepted": 3 * i, "acceptance": 0.75}}
+
+
+def host_app() -> HostApp:
+    args = parser().parse_args(["host", "--model", "smollm2-135m"])
+    settings.apply_to_args(args, settings.load())
+    conv = store.Conversation(id="snapshot", messages=[dict(m) for m in MESSAGES])
+    return HostApp(args, settings.load(), conv, start_engine=False)
+
+
+async def fill_host(pilot) -> None:
+    await pilot.pause()
+    scr = pilot.app.main_screen
+    scr.post_message(RingChanged(MEMBERS, INVITE))
+    scr.post_message(Ready("smollm2-135m", "ngram"))
+    stats = scr.query_one(StatsPanel)
+    for i in range(1, 41):
+        stats.add_round(round_event(i))
+    stats.flush()
+    await pilot.pause()
+
+
+def test_host_screen(snap_compare):
+    assert snap_compare(host_app(), terminal_size=SIZE, run_before=fill_host)
+
+
+def test_help_screen(snap_compare):
+    assert snap_compare(host_app(), terminal_size=SIZE, run_before=fill_host, press=["f1"])
+
+
+def test_peer_screen(snap_compare):
+    args = parser().parse_args(["join", "192.168.1.10:7340", "--token", "s3cr3t", "--name", "laptop"])
+    state = PeerState(state="ready", span=Span(10, 20, 30), device="cpu", rss=820 * MB, sessions=2, frames=314,
+                      compute_ms=[50 + (i * 37) % 23 for i in range(60)], next_hop="192.168.1.33:40222",
+                      host="192.168.1.10:7340")
+
+    async def fill(pilot) -> None:
+        scr = pilot.app.main_screen
+        scr.post_message(PeerChanged(state))
+        for line in ("12:00:01 INFO joined 192.168.1.10:7340 as 1; data port 40111",
+                     "12:00:04 INFO loaded layers 10-19 in 2.31 s"):
+            scr.post_message(LogLine(logging.INFO, line))
+        await pilot.pause()
+
+    assert snap_compare(PeerApp(args, start_engine=False), terminal_size=SIZE, run_before=fill)
