@@ -102,7 +102,8 @@ def save_draft(model, ids: list[int], out: Path, meta: dict) -> None:
     """Write the draft's layers and norm (bfloat16: half the bytes), its config, its head's ids, its recipe."""
     out.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(out)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in own_state(model).items()}, out / "model.safetensors.tmp")
+    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in own_state(model).items()}
+    save_file(tensors, out / "model.safetensors.tmp")
     os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
     for name, text in ((VOCAB_FILE, json.dumps(ids)), (META_FILE, json.dumps(meta, indent=1))):
         (out / (name + ".tmp")).write_text(text + "\n")

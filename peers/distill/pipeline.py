@@ -1,11 +1,12 @@
-"""`sfchat distill`: the target writes data, a vocabulary is chosen, the draft is trained, then exported.
+"""`sfchat distill`: the target writes data, the draft's head rows are chosen, the draft is trained and exported.
 
 Everything lives in OUT/work (ignored by git): plan.json (the recipe; a re-run must match it), state.json (how
 far each phase got), data/*.pt (shards of target-written samples), ckpt.pt (draft and optimizer). A re-run
 continues where the last one stopped. The budget is --minutes, split between writing data and training
 (--data-share); --shards / --steps replace it with exact counts, which is how a draft is reproduced: same seed,
 same shards, same steps -> the same weights (on a CPU; CUDA kernels need not be bitwise deterministic).
-The draft itself (config.json, model.safetensors, draft_vocab.json) is written to OUT when a run ends.
+The draft itself (config.json, model.safetensors, draft_vocab.json, distill.json) is written to OUT when a run
+ends, however it ends.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -142,7 +143,7 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
     target = None  # training needs only the data and the target's files: free its memory
     ckpt = work / "ckpt.pt"
     if ckpt.is_file():
-        saved = torch.load(ckpt)
+        saved = torch.load(ckpt, map_location="cpu")  # a run may move between a GPU and a CPU machine
         model = drafts.build(target_dir, drafts.draft_config(target_dir, plan["layers"]), ids, saved["model"])
         model.to(device)
         opt = train.optimizer(model)

@@ -32,8 +32,8 @@ negotiation; leadership; teamwork; teaching; homework; libraries; museums; poetr
 fairy tales; movies; music theory; the piano; the guitar; painting; sculpture; architecture; fashion; perfume;
 board games; camping; hiking; fishing; sailing; travel on a budget; packing a suitcase; moving house; houseplants;
 composting; bird watching; astronomy; telescopes; the periodic table; acids and bases; chemical reactions; rust;
-plastics; glass; paper; the alphabet; punctuation; grammar; writing an essay; writing a resume; small talk""".replace("\n", " ")
-TOPICS = [t.strip() for t in TOPICS.split(";") if t.strip()]
+plastics; glass; paper; the alphabet; punctuation; grammar; writing an essay; writing a resume; small talk"""
+TOPICS = [t.strip() for t in TOPICS.replace("\n", " ").split(";") if t.strip()]
 
 AUDIENCES = ["a five-year-old", "a high school student", "a busy parent", "a software engineer", "a retired teacher",
              "a complete beginner", "an expert", "a tourist", "a nurse", "a small business owner", "a grandparent",
@@ -45,7 +45,8 @@ TEMPLATES = [
     "Write a short story that involves {topic}.", "What are the pros and cons of {topic}?",
     "What are common misconceptions about {topic}?", "Give me {n} tips about {topic} for {audience}.",
     "Summarize the history of {topic} in a few sentences.", "Compare {topic} and {other}.",
-    "How are {topic} and {other} related?", "Write a haiku about {topic}.", "Create a quiz with {n} questions about {topic}.",
+    "How are {topic} and {other} related?", "Write a haiku about {topic}.",
+    "Create a quiz with {n} questions about {topic}.",
     "What would happen if {topic} did not exist?", "Describe {topic} in simple words.",
     "Write a tweet about {topic}.", "Write an email to a friend about {topic}.", "Tell me a joke about {topic}.",
     "What should {audience} know about {topic}?", "List {n} key terms related to {topic} and define them.",

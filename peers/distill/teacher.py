@@ -74,7 +74,8 @@ def write_shard(model, tok, eos: set[int], *, seed: int, split: str, index: int,
         return answer(model, tok, eos, convs, max_new=n, temperature=temperature, k=k, seed=base + salt)
 
     user = lambda text: {"role": "user", "content": text}  # noqa: E731
-    requests = ask([[user(prompts.self_prompt(rng, split))] for _ in range(batch // 2)], min(SELF_PROMPT_TOKENS, max_new), 0)
+    requests = ask([[user(prompts.self_prompt(rng, split))] for _ in range(batch // 2)],
+                   min(SELF_PROMPT_TOKENS, max_new), 0)
     written = [prompts.as_prompt(s["text"]) or prompts.prompt(rng, split) for s in requests]
     convs = [[user(prompts.prompt(rng, split))] for _ in range(batch - len(written))] + [[user(w)] for w in written]
     rng.shuffle(convs)

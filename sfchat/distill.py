@@ -1,0 +1,51 @@
+"""`sfchat distill`: arguments and a progress bar around peers.distill.pipeline."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--out", required=True, type=Path, help="directory for the draft (and its work/ to resume from)")
+    p.add_argument("--minutes", type=float, default=60.0, help="time budget for writing data and training (60)")
+    p.add_argument("--seed", type=int, help="seed of prompts, sampling and training (0)")
+    p.add_argument("--data-share", type=float, default=0.75, help="part of the budget spent writing data (0.75)")
+    p.add_argument("--shards", type=int, help="write exactly N training shards (instead of the time budget)")
+    p.add_argument("--steps", type=int, help="train exactly N steps (instead of the time budget)")
+    p.add_argument("--layers", type=int, help="decoder layers of the draft, copied from the target (2)")
+    p.add_argument("--vocab", type=int, help="the draft's vocabulary: most frequent target tokens (8192)")
+    p.add_argument("--batch", type=int, help="conversations the target answers at once (32 on a CPU, 256 on CUDA)")
+    p.add_argument("--max-new-tokens", type=int, dest="max_new", help="longest answer the target writes (256)")
+    p.add_argument("--topk", type=int, help="target probabilities kept per written token (8)")
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from peers.distill.pipeline import Options, distill
+
+    opts = Options(model=args.model, out=args.out, minutes=args.minutes, data_share=args.data_share,
+                   shards=args.shards, steps=args.steps, device=args.device, seed=args.seed, layers=args.layers,
+                   vocab=args.vocab, batch=args.batch, max_new=args.max_new, topk=args.topk)
+    console = Console(stderr=True)
+    labels = {"data": "target writes", "train": "draft learns"}
+    with Progress(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), TextColumn("{task.fields[note]}"), console=console) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(phase, done, total, note):
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(labels[phase], total=1.0, note="")
+            bar.update(tasks[phase], completed=min(done / total, 1.0) if total else 1.0, note=note)
+
+        try:
+            summary = distill(opts, progress=progress, say=lambda *a: console.print(*a))
+        except KeyboardInterrupt:
+            console.print(f"interrupted: run the same command to continue from {args.out}/work")
+            raise
+    print(json.dumps(summary, indent=1), file=sys.stdout)
+    console.print(f"draft written to {args.out} (held-out agreement {summary['agreement_init']:.3f} at start, "
+                  f"{summary['agreement']:.3f} now)")
+    return 0

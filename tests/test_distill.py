@@ -1,0 +1,147 @@
+"""`sfchat distill` on a tiny target: a loadable draft, exact speculation with it, better agreement than its
+initialisation on held-out prompts, resume from a checkpoint, the same weights for the same seed."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import trio
+from safetensors.torch import load_file
+
+from helpers import ROOT, reference_ids
+from peers.adaptive import KPolicy
+from peers.chat import Chat, eos_ids, load_tokenizer
+from peers.distill import DistilledDrafter, shipped_draft
+from peers.distill.pipeline import Options, distill
+from peers.drafters import NgramDrafter, make_drafter
+from peers.host import Host
+from peers.sampling import SamplingParams
+
+PROMPT = "the quick brown fox jumps over the lazy dog"
+
+# small everything: the target answers 8 conversations at a time, 32 tokens each; the draft keeps 128 ids
+SMALL = dict(batch=8, max_new=32, vocab=128, device="cpu", seed=0)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(target, out, **kw):
+    events = []
+    summary = distill(Options(model=str(target), out=out, **{**SMALL, **kw}),
+                      progress=lambda *e: events.append(e), say=lambda *a: None)
+    return summary, events
+
+
+async def _answer(model, draft, *, k, max_new=24, params=None):
+    """One answer through an in-process host with the given draft (as in test_speculative)."""
+    host = Host(str(model), say=lambda *a: None)
+    tok = load_tokenizer(host.model_dir)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(host.serve)
+        drafter = make_drafter(draft, host.model_dir, host.config.vocab_size, tok)
+        chat = Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
+        _, r = await chat.reply(PROMPT, drafter=drafter, params=params or SamplingParams(), policy=KPolicy(pinned=k),
+                                max_new_tokens=max_new)
+        nursery.cancel_scope.cancel()
+    return r
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory, tiny_llama):
+    """An untrained draft (0 steps) and one trained 120 steps by resuming the untrained one's work."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    base = tmp_path_factory.mktemp("distill")
+    run(tiny_llama, base / "init", shards=3, steps=0)
+    shutil.copytree(base / "init", base / "trained")
+    trained, events = run(tiny_llama, base / "trained", steps=120)
+    torch.set_num_threads(threads)
+    return {"init": base / "init", "trained": base / "trained", "summary": trained, "events": events}
+
+
+def held_out_agreement(draft_dir, target_dir, samples) -> float:
+    """Through the drafter interface: how often the draft's greedy proposal is the target's top token."""
+    d = make_drafter(str(draft_dir), target_dir, 300, load_tokenizer(target_dir))
+    hit = total = 0
+    for s in samples:
+        ids = s["ids"].tolist()
+        for j in range(len(s["topk_ids"])):
+            hit += d.propose(ids[: s["start"] + j], 1, SamplingParams())[0] == [int(s["topk_ids"][j, 0])]
+            total += 1
+    return hit / total
+
+
+def test_distillation_beats_the_initialisation_on_held_out_prompts(drafts, tiny_llama):
+    held_out = torch.load(drafts["trained"] / "work" / "data" / "eval-00000.pt")
+    before = held_out_agreement(drafts["init"], tiny_llama, held_out)
+    after = held_out_agreement(drafts["trained"], tiny_llama, held_out)
+    s = drafts["summary"]
+    assert after > before + 0.05, (before, after)
+    assert s["agreement"] > s["agreement_init"] + 0.05
+    assert abs(after - s["agreement"]) < 0.05  # the drafter sees what training measured
+    # it resumed the untrained run's work: its data and, from step 0, its checkpoint
+    assert s["shards"] == 3 and s["steps"] == 120
+    assert not any(e[0] == "data" and e[3].startswith("shard") for e in drafts["events"])
+    assert [e[1] for e in drafts["events"] if e[0] == "train"][0] == 1
+
+
+def test_speculation_with_the_draft_is_exact(drafts, tiny_llama):
+    d = make_drafter(str(drafts["trained"]), tiny_llama, 300, load_tokenizer(tiny_llama))
+    assert isinstance(d, DistilledDrafter)
+    r = trio.run(lambda: _answer(tiny_llama, str(drafts["trained"]), k=4, max_new=32))
+    assert r.token_ids == reference_ids(tiny_llama, PROMPT, 32)
+    assert r.stats.drafted > 0
+    # sampling: q lives on the target's vocabulary, zero outside the draft's 128 ids
+    tokens, q = d.propose(load_tokenizer(tiny_llama).encode(PROMPT), 3, SamplingParams(1.0, seed=1))
+    kept = set(json.loads((drafts["trained"] / "draft_vocab.json").read_text()))
+    assert q.shape == (3, 300) and torch.allclose(q.sum(-1), torch.ones(3))
+    assert set(tokens) <= kept and set(q.nonzero()[:, 1].tolist()) <= kept
+    r = trio.run(lambda: _answer(tiny_llama, str(drafts["trained"]), k=3, params=SamplingParams(0.8, seed=5)))
+    assert len(r.token_ids) > 0
+
+
+def test_resume_and_seed_give_the_same_weights(drafts, tiny_llama, tmp_path):
+    """Stopped after 10 steps and continued to 20 == 20 steps in one go from nothing (data written again)."""
+    shutil.copytree(drafts["init"], tmp_path / "a")
+    run(tiny_llama, tmp_path / "a", steps=10)
+    _, events = run(tiny_llama, tmp_path / "a", steps=20)
+    assert [e[1] for e in events if e[0] == "train"] == list(range(11, 21))
+    run(tiny_llama, tmp_path / "b", shards=3, steps=20)
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="other options"):
+        run(tiny_llama, tmp_path / "b", steps=20, seed=1)
+
+
+def test_cli_runs_for_seconds_and_make_drafter_picks_the_shipped_draft(tiny_llama, tmp_path, monkeypatch):
+    """`sfchat distill --minutes` as a user runs it; a draft at assets/drafts/<default> serves the default target."""
+    models = tmp_path / "models"
+    shutil.copytree(tiny_llama, models / "smollm2-135m")  # the tiny target plays the embedded default
+    out = tmp_path / "drafts" / "smollm2-135m"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_MODELS_DIR=str(models), OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "sfchat", "distill", "--model", "smollm2-135m", "--out", str(out),
+                        "--minutes", "0.1", "--batch", "8", "--max-new-tokens", "16", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    summary = json.loads(p.stdout)
+    assert summary["steps"] > 0 and summary["shards"] >= 1
+    assert (out / "work" / ".gitignore").read_text() == "*\n"
+
+    target = models / "smollm2-135m"
+    monkeypatch.setenv("SFCHAT_MODELS_DIR", str(models))
+    tok = load_tokenizer(target)
+    monkeypatch.setenv("SFCHAT_DRAFTS_DIR", str(tmp_path / "nothing"))
+    assert isinstance(make_drafter(None, target, 300, tok), NgramDrafter)
+    monkeypatch.setenv("SFCHAT_DRAFTS_DIR", str(tmp_path / "drafts"))
+    assert shipped_draft(target) == out
+    assert shipped_draft(tiny_llama) is None  # another target: not the embedded default
+    assert isinstance(make_drafter(None, target, 300, tok), DistilledDrafter)
