@@ -93,6 +93,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             await host.recover()
             ahead = None
             continue
+        retries = 0  # the limit is on failures in a row: a long answer may ride out several incidents
         t1 = time.perf_counter()
         if params.greedy:
             n_acc, nxt = verify_greedy(logits, drafts)

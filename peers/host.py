@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ class Member:
     device: str
     free_bytes: int
     dtype: str
-    state: str = "joining"  # joining, loading, ready, lost
+    state: str = "joining"  # joining, loading, ready, idle (no layers), failed, lost
     span: Span | None = None
     rtt_ms: float = math.nan
     rss: int = 0
@@ -111,7 +112,13 @@ class Host:
 
     @property
     def address(self) -> str:
+        """Where others reach the host; a wildcard listen address is shown as this machine's own."""
         host = parse_addr(self.listen)[0]
+        if host in ("0.0.0.0", "::", ""):
+            try:
+                host = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                host = "127.0.0.1"
         return f"{host}:{self.port}"
 
     def invite(self) -> str:
