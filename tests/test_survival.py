@@ -107,3 +107,22 @@ def test_a_restarted_member_rejoins_with_the_same_command(tiny_llama):
     r, events, ring = trio.run(answer_with_incident, tiny_llama, 2, restart, "none", 2, True)
     assert r.token_ids == reference_ids(tiny_llama, PROMPT, N)
     assert len(ring) == 2 and "local1" in [name for name, _ in ring]
+
+
+def test_ask_keeps_streaming_when_a_peer_is_killed(tiny_llama):
+    """`sfchat ask` with two local peers; one is SIGKILLed once the answer streams: it goes on, exact, exit 0."""
+    from transformers import AutoTokenizer
+    p = subprocess.Popen([sys.executable, "-m", "sfchat", "ask", PROMPT, "--model", str(tiny_llama),
+                          "--local-peers", "2", "--max-new-tokens", "300", "--draft", "none", "--temperature", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    first = p.stdout.read(1)  # the answer has started streaming
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(p.pid)], capture_output=True, text=True).stdout
+    peers = [int(line.split()[0]) for line in out.splitlines() if " join " in line]
+    assert len(peers) == 2
+    os.kill(peers[0], signal.SIGKILL)
+    rest, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert b"re-planning" in err  # the log says what happened
+    want = AutoTokenizer.from_pretrained(tiny_llama).decode(reference_ids(tiny_llama, PROMPT, 300),
+                                                             skip_special_tokens=True)
+    assert (first + rest).decode().rstrip("\n") == want
