@@ -18,6 +18,7 @@ import trio
 
 from . import wire
 from .channel import Channel, ChannelClosed, parse_addr
+from .tls import Endpoint as TLSEndpoint
 
 log = logging.getLogger("sfchat.links")
 
@@ -46,7 +47,7 @@ def parse_relay(addr: str) -> tuple[str, str]:
     relay, sep, name = addr[len(SCHEME):].partition("/")
     if not is_relay(addr) or not sep or not name:
         raise ValueError(f"a relay address is relay://HOST:PORT/ENDPOINT, got {addr!r}")
-    parse_addr(relay)
+    parse_addr(relay.rpartition("@")[2])
     return relay, name
 
 
@@ -74,12 +75,23 @@ def host_return(host_addr: str, host_port: int) -> str:
     return host_addr if is_relay(host_addr) else f"{parse_addr(host_addr)[0]}:{host_port}"
 
 
+async def open_relay(relay: str) -> trio.abc.Stream:
+    """A connection to a relay: `HOST:PORT`, or `FINGERPRINT@HOST:PORT` for a `--tls` relay (pinned)."""
+    pin, _, hostport = relay.rpartition("@")
+    stream = await trio.open_tcp_stream(*parse_addr(hostport))
+    try:
+        return await TLSEndpoint.dial(stream, pin or None)
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+
+
 async def dial(addr: str) -> trio.SocketStream:
     """A stream to `addr`, direct or through a relay; raises OSError (LinkError) when it cannot be made."""
     if not is_relay(addr):
         return await trio.open_tcp_stream(*parse_addr(addr))
     relay, name = parse_relay(addr)
-    stream = await trio.open_tcp_stream(*parse_addr(relay))
+    stream = await open_relay(relay)
     try:
         ch = Channel(stream, f"relay {relay}")
         await ch.send({"t": "dial", "name": name})
@@ -115,7 +127,7 @@ async def _through_relay(handler, relay: str, name: str, nursery, task_status=tr
     while True:
         error, stream = None, None
         try:
-            stream = await trio.open_tcp_stream(*parse_addr(relay))
+            stream = await open_relay(relay)
             ctl = Channel(stream, f"relay {relay}")
             await ctl.send({"t": "register", "name": name})
             msg = await ctl.recv(timeout=10)
@@ -162,7 +174,7 @@ async def _keepalive(ctl: Channel) -> None:
 async def _accept(handler, relay: str, cid: str) -> None:
     """Open a fresh connection to the relay for dialer `cid`, then serve it like a directly accepted one."""
     try:
-        stream = await trio.open_tcp_stream(*parse_addr(relay))
+        stream = await open_relay(relay)
     except OSError as e:
         log.warning("cannot reach relay %s to accept a connection: %s", relay, e)
         return

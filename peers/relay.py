@@ -24,6 +24,7 @@ import trio
 from . import wire
 from .channel import Channel, ChannelClosed, parse_addr, peername
 from .shaping import Shaping, pump
+from .tls import Endpoint as TLSEndpoint
 
 log = logging.getLogger("sfchat.relay")
 
@@ -45,8 +46,9 @@ class Pending:
 
 
 class Relay:
-    def __init__(self, shaping: Shaping | None = None):
+    def __init__(self, shaping: Shaping | None = None, tls: bool = False):
         self.shaping = shaping or Shaping()
+        self.tls = TLSEndpoint(tls, "relay")  # --tls: even the rendezvous is encrypted (pinned by fingerprint)
         self.endpoints: dict[str, Channel] = {}
         self.pending: dict[str, Pending] = {}
         self.address = ""
@@ -57,12 +59,17 @@ class Relay:
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(partial(trio.serve_tcp, self._handle, port, host=host or None))
             h, p = listeners[0].socket.getsockname()[:2]
-            self.address = f"{h}:{p}"
+            pin = f"{self.tls.fingerprint}@" if self.tls.enabled else ""
+            self.address = f"{pin}{h}:{p}"
             log.info("relay on %s (%s)", self.address, self.shaping)
             task_status.started(self.address)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         who = peername(stream)
+        try:
+            stream = await self.tls.accept(stream)
+        except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
+            return log.info("%s: TLS handshake failed: %s", who, e)
         ch = Channel(stream, who)  # also sets TCP_NODELAY
         try:
             msg = await recv_small(ch, HELLO_TIMEOUT)
@@ -149,7 +156,7 @@ async def recv_small(ch: Channel, timeout: float) -> dict:
     raise ChannelClosed(f"{ch.name}: nothing within {timeout:.0f} s")
 
 
-async def splice(a: trio.SocketStream, b: trio.SocketStream, shaping: Shaping, counts: list[int]) -> None:
+async def splice(a: trio.abc.Stream, b: trio.abc.Stream, shaping: Shaping, counts: list[int]) -> None:
     """Copy both ways until both sides are done; a broken side tears down both. counts: [a->b, b->a] bytes."""
     async with trio.open_nursery() as nursery:
         for i, (src, dst) in enumerate(((a, b), (b, a))):
@@ -162,7 +169,10 @@ async def _direction(src, dst, shaping: Shaping, counts: list[int], i: int, both
 
     try:
         await pump(src, dst, shaping, count)
-        await dst.send_eof()  # a clean end: half-close, the other direction may still be talking
+        if isinstance(dst, trio.SSLStream):  # TLS cannot half-close: one side's end ends the splice
+            both.cancel()
+        else:
+            await dst.send_eof()  # a clean end: half-close, the other direction may still be talking
     except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         both.cancel()
 
@@ -172,6 +182,8 @@ def add_arguments(p) -> None:
     p.add_argument("--listen", default="0.0.0.0:7341", help="HOST:PORT to accept endpoints and dialers on")
     p.add_argument("--delay-ms", type=float, default=0.0, help="shaping: one-way delay added in each direction")
     p.add_argument("--jitter-ms", type=float, default=0.0, help="shaping: each chunk's delay varies by ± this (order kept)")
+    p.add_argument("--tls", action="store_true", help="encrypt every connection to the relay; its address becomes "
+                   "FINGERPRINT@HOST:PORT, which pins its certificate")
     p.add_argument("--rate-mbit", type=float, default=0.0, help="shaping: bandwidth cap per direction (0: none)")
 
 
@@ -179,7 +191,7 @@ def run_cli(args) -> int:
     """`sfchat relay`: serve until interrupted; the first stdout line names the address (scripts read it)."""
     if not args.verbose:
         log.setLevel(logging.INFO)  # the relay's log is its connection log
-    relay = Relay(Shaping(args.delay_ms, args.jitter_ms, args.rate_mbit))
+    relay = Relay(Shaping(args.delay_ms, args.jitter_ms, args.rate_mbit), tls=args.tls)
 
     async def main():
         async with trio.open_nursery() as nursery:

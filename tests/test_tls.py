@@ -41,3 +41,24 @@ def test_wrong_fingerprint_or_plain_joiner_is_refused(tiny_llama):
     (rc1, err1), (rc2, err2) = trio.run(main)
     assert rc1 != 0 and "fingerprint" in err1
     assert rc2 != 0 and "TLS" in err2
+
+
+def test_ring_through_a_tls_relay(tiny_llama):
+    """`sfchat relay --tls`: every connection to the relay is encrypted and pinned; with the ring's own --tls
+    inside, the relay forwards ciphertext of ciphertext. The answer is exact."""
+    from peers.relay import Relay
+
+    async def main():
+        relay = Relay(tls=True)
+        async with trio.open_nursery() as nursery:
+            addr = await nursery.start(relay.serve, "127.0.0.1:0")
+            assert addr.startswith(relay.tls.fingerprint + "@")
+            pin = Host(str(tiny_llama), say=lambda *a: None, tls=True).tls.fingerprint
+            async with running_ring(tiny_llama, 2, extra=["--tls", pin], tls=True, relay=addr) as (host, _):
+                assert host.invite().startswith(f"sfchat join relay://{addr}/")
+                assert all(m.data_addr.startswith(f"relay://{addr}/") for m in host.ring)
+                ids = await greedy_reply(host, PROMPT, 16)
+            nursery.cancel_scope.cancel()
+        return ids
+
+    assert trio.run(main) == reference_ids(tiny_llama, PROMPT, 16)
