@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .sampling import SamplingParams, pad_vocab, position_generator
+from .sampling import SamplingParams, draw, pad_vocab, position_generator
 
 
 class Drafter:
@@ -129,7 +129,7 @@ class ModelDrafter(Drafter):
             else:
                 q = pad_vocab(params.probs(logits[None])[0], self.target_vocab)
                 gen = position_generator(params.seed, len(context) + len(tokens), stream=0)
-                tok = int(torch.multinomial(q, 1, generator=gen))
+                tok = draw(q, gen)
                 qs.append(q)
             tokens.append(tok)
             if len(tokens) == n or (stop is not None and stop.is_set()):
