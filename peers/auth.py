@@ -23,7 +23,10 @@ class AuthError(Exception):
 
 
 def new_token() -> str:
-    return secrets.token_urlsafe(12)
+    """96 random bits, URL-safe; never starting with '-', which a command line would take for an option."""
+    while (t := secrets.token_urlsafe(12)).startswith("-"):
+        pass
+    return t
 
 
 def _proof(token: str, side: bytes, nc: bytes, ns: bytes) -> bytes:

@@ -28,7 +28,7 @@ class LocalPeers:
         logs.mkdir(parents=True, exist_ok=True)
         self.log_paths: list[Path] = []
         for i in range(n):
-            cmd = [sys.executable, "-m", "sfchat", "join", host_addr, "--token", token, "--headless",
+            cmd = [sys.executable, "-m", "sfchat", "join", host_addr, f"--token={token}", "--headless",
                    "--name", f"local{i + 1}", "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant]
             if model:
                 cmd += ["--model", model]

@@ -110,3 +110,8 @@ def test_a_member_with_other_weights_is_refused(tiny_llama, tmp_path):
     err, state = trio.run(main)
     assert err is not None and "not the host's" in err and "--model" in err
     assert state == "failed"
+
+
+def test_tokens_never_look_like_options():
+    from peers.auth import new_token
+    assert not any(new_token().startswith("-") for _ in range(5000))
