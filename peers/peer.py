@@ -14,7 +14,7 @@ import trio
 
 from . import links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
-from .channel import Channel, ChannelClosed, parse_addr
+from .channel import Channel, ChannelClosed
 from .memory import default_device, free_bytes, rss_bytes
 from .shard import Shard, Span
 from .tls import Endpoint as TLSEndpoint

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from peers.adaptive import KPolicy
 from peers.chat import Chat, eos_ids, load_tokenizer
-from peers.drafters import Drafter
+from peers.drafters import Drafter, make_drafter
 from peers.host import Host
 from peers.sampling import SamplingParams
 from sfchat.local import LocalPeers
@@ -92,3 +92,13 @@ async def check_logits_follow(host, ref, tokens: list[int], steps: int) -> list[
     with torch.no_grad():
         torch.testing.assert_close(logits[-1], ref(torch.tensor([tokens])).logits[0, -1], atol=1e-4, rtol=1e-4)
     return tokens
+
+
+async def answer(model, draft_spec, *, prompt: str, k=None, params=None, max_new: int = 24):
+    """One answer through an in-process host (no peers) speculating with `draft_spec`; the Result."""
+    async with running_ring(model, 0) as (host, _):
+        chat = new_chat(host)
+        drafter = make_drafter(draft_spec, host.model_dir, host.config.vocab_size, chat.tokenizer)
+        _, r = await chat.reply(prompt, drafter=drafter, params=params or SamplingParams(), policy=KPolicy(pinned=k),
+                                max_new_tokens=max_new)
+    return r

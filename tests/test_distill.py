@@ -11,13 +11,11 @@ import torch
 import trio
 from safetensors.torch import load_file
 
-from helpers import ROOT, reference_ids
-from peers.adaptive import KPolicy
-from peers.chat import Chat, eos_ids, load_tokenizer
+from helpers import ROOT, answer, reference_ids
+from peers.chat import load_tokenizer
 from peers.distill import DistilledDrafter, shipped_draft
 from peers.distill.pipeline import Options, distill
 from peers.drafters import NgramDrafter, make_drafter
-from peers.host import Host
 from peers.sampling import SamplingParams
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
@@ -42,17 +40,7 @@ def run(target, out, **kw):
 
 
 async def _answer(model, draft, *, k, max_new=24, params=None):
-    """One answer through an in-process host with the given draft (as in test_speculative)."""
-    host = Host(str(model), say=lambda *a: None)
-    tok = load_tokenizer(host.model_dir)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(host.serve)
-        drafter = make_drafter(draft, host.model_dir, host.config.vocab_size, tok)
-        chat = Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
-        _, r = await chat.reply(PROMPT, drafter=drafter, params=params or SamplingParams(), policy=KPolicy(pinned=k),
-                                max_new_tokens=max_new)
-        nursery.cancel_scope.cancel()
-    return r
+    return await answer(model, draft, prompt=PROMPT, k=k, params=params, max_new=max_new)
 
 
 @pytest.fixture(scope="module")

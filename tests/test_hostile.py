@@ -9,7 +9,7 @@ import torch
 import trio
 
 from helpers import greedy_reply, reference_ids, running_ring
-from peers import auth, tensors, wire
+from peers import auth, tensors
 from peers.auth import client_handshake
 from peers.channel import Channel, ChannelClosed, parse_addr
 

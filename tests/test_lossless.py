@@ -1,7 +1,6 @@
 """Sampling through speculation is lossless: the first two emitted tokens follow the target's exact joint
 distribution, measured over many seeded runs on a tiny model with a different tiny draft. A naive scheme
 (accept the draft with probability p(x), ignoring q) is run beside it as a control and must fail the bound."""
-import itertools
 
 import pytest
 import torch

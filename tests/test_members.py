@@ -1,6 +1,5 @@
 """Joining: tokens, memory, several sessions, sampling seeds — with real peer processes."""
 import os
-import subprocess
 import sys
 
 import trio

@@ -1,14 +1,12 @@
 """Speculative decoding on tiny models: exact with every drafter, rollback, vocab padding, look-ahead, K."""
 import pytest
-import torch
 import trio
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import ask_json, reference_ids
+from helpers import answer, ask_json, reference_ids
 from peers.adaptive import KPolicy, best_k, expected_tokens
-from peers.chat import Chat, eos_ids, load_tokenizer
+from peers.chat import load_tokenizer
 from peers.drafters import ModelDrafter, NgramDrafter, lookup, make_drafter
-from peers.host import Host
 from peers.models import ModelError
 from peers.sampling import SamplingParams
 
@@ -29,16 +27,7 @@ def padded_target(tmp_path_factory):
 
 
 async def _answer(model, draft_spec, *, k=None, params=None, max_new=24, prompt=PROMPT):
-    host = Host(str(model), say=lambda *a: None)
-    tok = load_tokenizer(host.model_dir)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(host.serve)
-        drafter = make_drafter(draft_spec, host.model_dir, host.config.vocab_size, tok)
-        chat = Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
-        _, r = await chat.reply(prompt, drafter=drafter, params=params or SamplingParams(),
-                                policy=KPolicy(pinned=k), max_new_tokens=max_new)
-        nursery.cancel_scope.cancel()
-    return r
+    return await answer(model, draft_spec, prompt=prompt, k=k, params=params, max_new=max_new)
 
 
 @pytest.mark.parametrize("draft", ["none", "ngram", "other", "self"])
