@@ -17,8 +17,9 @@ def free_bytes(device: str) -> int:
     return 0
 
 
-def rss_bytes() -> int:
-    with open(f"/proc/{os.getpid()}/statm") as f:
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size of this process (or of `pid`)."""
+    with open(f"/proc/{pid or os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 

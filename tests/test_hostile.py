@@ -12,13 +12,10 @@ from helpers import greedy_reply, reference_ids, running_ring
 from peers import auth, tensors
 from peers.auth import client_handshake
 from peers.channel import Channel, ChannelClosed, parse_addr
+from peers.memory import rss_bytes
 
 PROMPT = "hello world, the quick brown fox"
 
-
-def rss_of(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 async def send_raw(addr: str, data: bytes) -> bytes:
@@ -73,7 +70,7 @@ def test_live_host_and_peer_survive_hostile_input(tiny_llama, monkeypatch):
     async def main():
         async with running_ring(tiny_llama, 1) as (host, lp):
             peer_addr, peer_pid = host.ring[0].data_addr, lp.procs[0].pid
-            rss0 = rss_of(peer_pid)
+            rss0 = rss_bytes(peer_pid)
             # a silent connection is dropped after the handshake limit, and holds nothing meanwhile
             silent = await trio.open_tcp_stream(*parse_addr(host.address))
             for target in (host.address, peer_addr):
@@ -91,7 +88,7 @@ def test_live_host_and_peer_survive_hostile_input(tiny_llama, monkeypatch):
             with trio.fail_after(10):
                 assert await silent.receive_some(10) == b""  # the host hung up on it
             assert lp.procs[0].poll() is None and host.ring[0].state == "ready"
-            assert rss_of(peer_pid) - rss0 < 64 * 2**20
+            assert rss_bytes(peer_pid) - rss0 < 64 * 2**20
             return await greedy_reply(host, PROMPT, 16)
 
     assert trio.run(main) == reference_ids(tiny_llama, PROMPT, 16)

@@ -1,6 +1,4 @@
 """Under load: a 2,000-token conversation over many rounds keeps memory flat apart from the KV cache."""
-import os
-
 import trio
 
 from helpers import new_chat, running_ring
@@ -9,11 +7,6 @@ from peers.drafters import Drafter
 from peers.memory import rss_bytes
 from peers.sampling import SamplingParams
 from tiny import CORPUS
-
-
-def rss_of(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_long_conversation_memory_is_flat(tiny_llama):
@@ -26,7 +19,7 @@ def test_long_conversation_memory_is_flat(tiny_llama):
                 _, r = await chat.reply(text, drafter=Drafter(), params=SamplingParams(1.0, seed=turn),
                                         policy=KPolicy(), max_new_tokens=120)
                 rounds += r.stats.rounds
-                samples.append((len(chat.tokens), rss_bytes(), rss_of(lp.procs[0].pid)))
+                samples.append((len(chat.tokens), rss_bytes(), rss_bytes(lp.procs[0].pid)))
         return samples, rounds
 
     samples, rounds = trio.run(main)
