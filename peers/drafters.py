@@ -24,6 +24,10 @@ class Drafter:
                 stop: threading.Event | None = None) -> tuple[list[int], torch.Tensor | None]:
         return [], None
 
+    def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
+        """After a ring pass: the tokens at positions start.. and the target's final hidden states there (for
+        drafts that read them; some of those tokens may be drafts the target went on to reject)."""
+
     def _measure(self, seconds: float, n: int) -> None:
         if n:
             ms = seconds * 1e3 / n

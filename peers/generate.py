@@ -71,18 +71,19 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
         guess = drafts[k] if len(drafts) > k else None  # the draft's bet on the target's bonus token
         drafts = drafts[:k]
         q = q[: len(drafts)] if q is not None else None
-        stop = threading.Event()
+        stop, sent = threading.Event(), trio.Event()
         ahead = Ahead(tokens + drafts + [guess]) if (overlap and guess is not None) else None
         failure = None
         async with trio.open_nursery() as nursery:
             if ahead is not None:
-                nursery.start_soon(_look_ahead, drafter, ahead, k + 1, params, stop)
+                nursery.start_soon(_look_ahead, drafter, ahead, k + 1, params, stop, sent)
             try:
-                logits, timing = await host.forward(rs, tokens, drafts)
+                logits, timing = await host.forward(rs, tokens, drafts, sent=sent)
             except RingError as e:  # caught here, not outside: the nursery would wrap it in a group
                 failure = e
             finally:
                 stop.set()
+                sent.set()  # a look-ahead still waiting for the wire wakes, sees stop, and returns
         if failure is not None:
             retries += 1
             if retries > max_retries:
@@ -94,6 +95,8 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             ahead = None
             continue
         retries = 0  # the limit is on failures in a row: a long answer may ride out several incidents
+        if rs.features is not None:
+            drafter.observe(*rs.features)
         t1 = time.perf_counter()
         if params.greedy:
             n_acc, nxt = verify_greedy(logits, drafts)
@@ -125,7 +128,12 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
     return Result(tokens[start:], finish, stats, rounds)
 
 
-async def _look_ahead(drafter: Drafter, ahead: Ahead, n: int, params: SamplingParams, stop: threading.Event) -> None:
+async def _look_ahead(drafter: Drafter, ahead: Ahead, n: int, params: SamplingParams, stop: threading.Event,
+                      sent: trio.Event) -> None:
+    # only once the frame is on the wire: before that the host computes its own layers, on the same cores
+    await sent.wait()
+    if stop.is_set():
+        return
     t0 = time.perf_counter()
     ahead.tokens, ahead.q = await trio.to_thread.run_sync(drafter.propose, ahead.context, n, params, stop)
     ahead.ms = (time.perf_counter() - t0) * 1e3

@@ -63,6 +63,7 @@ class RingSession:
     cache: SessionCache | None = None
     ring_len: int = 0  # positions every stage's cache holds (valid for `epoch`)
     epoch: int = -1
+    features: tuple[int, list[int], torch.Tensor] | None = None  # last pass: first position, ids, final features
 
 
 class Host:
@@ -330,15 +331,17 @@ class Host:
                 log.warning("re-plan failed: %s", e)
         raise RingError(f"could not re-form the ring after {attempts} attempts")
 
-    async def forward(self, s: RingSession, tokens: list[int], drafts: list[int]) -> tuple[torch.Tensor, dict]:
+    async def forward(self, s: RingSession, tokens: list[int], drafts: list[int],
+                      sent: trio.Event | None = None) -> tuple[torch.Tensor, dict]:
         """One pass: the tokens the ring lacks plus the drafts; logits at the last token and each draft.
 
         The frame carries `committed`, the positions every stage keeps; each stage first trims its cache to it
         (the rollback rule), so a failed or repeated pass is harmless. Returns (logits [K+1, vocab], timing)."""
         async with self.plan_lock:  # no re-plan in the middle of a pass
-            return await self._forward(s, tokens, drafts)
+            return await self._forward(s, tokens, drafts, sent)
 
-    async def _forward(self, s: RingSession, tokens: list[int], drafts: list[int]) -> tuple[torch.Tensor, dict]:
+    async def _forward(self, s: RingSession, tokens: list[int], drafts: list[int],
+                       sent: trio.Event | None) -> tuple[torch.Tensor, dict]:
         committed = self.committed(s)
         if committed == 0:
             s.cache, s.epoch = self.shard.new_session(), self.epoch
@@ -356,6 +359,8 @@ class Host:
                 await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
                                            "committed": committed, "n_logits": n_logits,
                                            "x": tensors.pack_tensor(h[:, :, :]), "trace": []})
+                if sent is not None:
+                    sent.set()  # the host's part is done: the round is on the wire
                 reply = await self._await_reply(recv, self.pass_timeout(len(ids)))
             except (ChannelClosed, trio.TooSlowError) as e:
                 s.epoch = -1  # caches unknown: replay from scratch next time
@@ -371,12 +376,14 @@ class Host:
                 raise RingError(f"the last member returned a bad frame: {e}") from None
             trace = reply["trace"]
         t1 = time.perf_counter()
-        logits = await trio.to_thread.run_sync(self.shard.logits, h[:, -n_logits:], limiter=self.compute)
+        feats = await trio.to_thread.run_sync(self.shard.features, h[0], limiter=self.compute)
+        logits = await trio.to_thread.run_sync(self.shard.head, feats[-n_logits:], limiter=self.compute)
+        s.features = (committed, ids, feats)  # what a feature draft reads next
         head_ms = (time.perf_counter() - t1) * 1e3
         s.ring_len = committed + len(ids)
         total_ms = (time.perf_counter() - t0) * 1e3
         peers_ms = sum(ms for _, ms in trace)
-        return logits[0], {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms,
+        return logits, {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms,
                            "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
 
     async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:

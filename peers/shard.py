@@ -169,8 +169,16 @@ class Shard:
         return masks
 
     @torch.inference_mode()
+    def features(self, h: torch.Tensor) -> torch.Tensor:
+        """The final normalised hidden states: what the LM head reads, and what a feature draft reads."""
+        return self.norm(h.to(self.device, self.dtype))
+
+    @torch.inference_mode()
+    def head(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(feats).float()
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(h.to(self.device, self.dtype))).float()
+        return self.head(self.features(h))
 
 
 def _assign(module: torch.nn.Module, name: str, t: torch.Tensor) -> None:

@@ -33,7 +33,8 @@ MODES = ["transformers", "transformers-assisted", "ring", "ring-spec"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", help="ngram (default), none, or a draft model; smollm2-135m drafting itself is an upper bound")
+    p.add_argument("--draft", help="default: the shipped draft for the embedded default, else ngram; or ngram, none, "
+                   "a draft model or a distilled draft (smollm2-135m drafting itself is an upper bound)")
     p.add_argument("--k", type=int, help="pin the draft length (default: adaptive)")
     p.add_argument("--local-peers", type=int, default=1, metavar="N", help="peer processes in the ring (default 1)")
     p.add_argument("--rtt-ms", default="0,20,86,175", help="comma-separated ring round-trip times to emulate")
@@ -150,13 +151,16 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).eval()
     assistant, extra = None, {}
     if "transformers-assisted" in modes:
-        if args.draft in (None, "", "auto", "ngram"):
+        from peers.distill import is_distilled
+
+        if args.draft == "none":
+            modes = [m for m in modes if m != "transformers-assisted"]
+        elif args.draft in (None, "", "auto", "ngram") or is_distilled(models.resolve(args.draft)):
+            # transformers cannot run a draft that reads the target's features: it gets prompt lookup instead
             extra = {"prompt_lookup_num_tokens": 10}
-        elif args.draft != "none":
+        else:
             assistant = AutoModelForCausalLM.from_pretrained(models.resolve(args.draft), dtype=dt).eval()
             extra = {"assistant_model": assistant}
-        else:
-            modes = [m for m in modes if m != "transformers-assisted"]
     inputs = [torch.tensor([render(tokenizer, [{"role": "user", "content": p}])]) for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -324,6 +328,15 @@ def print_tables(rows: list[dict], rtts: list[float], console) -> None:
         console.print(t)
 
 
+def draft_label(spec: str | None, model_dir) -> str:
+    """What ring-spec drafts with: a default resolves to the shipped draft (embedded default target) or ngram."""
+    from peers.distill import shipped_draft
+
+    if spec in (None, "", "auto"):
+        return "shipped draft" if shipped_draft(model_dir) is not None else "ngram"
+    return spec
+
+
 async def bench(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -370,7 +383,7 @@ async def bench(args) -> int:
         print(line)
     if args.json:
         doc = {"machine": machine_info(), "command": "sfchat " + " ".join(sys.argv[1:]) if sys.argv else "",
-               "config": {"model": args.model or models.DEFAULT_MODEL, "draft": args.draft or "ngram",
+               "config": {"model": args.model or models.DEFAULT_MODEL, "draft": draft_label(args.draft, model_dir),
                           "dtype": args.dtype, "local_peers": args.local_peers, "rtt_ms": rtts, "runs": args.runs,
                           "max_new_tokens": args.max_new_tokens, "prompts": prompts},
                "rows": out, "checks": notes}

@@ -13,11 +13,10 @@ def add_arguments(p) -> None:
     p.add_argument("--data-share", type=float, default=0.75, help="part of the budget spent writing data (0.75)")
     p.add_argument("--shards", type=int, help="write exactly N training shards (instead of the time budget)")
     p.add_argument("--steps", type=int, help="train exactly N steps (instead of the time budget)")
-    p.add_argument("--layers", type=int, help="decoder layers of the draft, copied from the target (2)")
+    p.add_argument("--layers", type=int, help="decoder layers of the draft, initialised from the target's last ones (1)")
     p.add_argument("--vocab", type=int, help="the draft's vocabulary: most frequent target tokens (8192)")
-    p.add_argument("--batch", type=int, help="conversations the target answers at once (32 on a CPU, 256 on CUDA)")
+    p.add_argument("--batch", type=int, help="conversations the target answers at once (128 on a CPU, 256 on CUDA)")
     p.add_argument("--max-new-tokens", type=int, dest="max_new", help="longest answer the target writes (256)")
-    p.add_argument("--topk", type=int, help="target probabilities kept per written token (8)")
 
 
 def run(args) -> int:
@@ -28,7 +27,7 @@ def run(args) -> int:
 
     opts = Options(model=args.model, out=args.out, minutes=args.minutes, data_share=args.data_share,
                    shards=args.shards, steps=args.steps, device=args.device, seed=args.seed, layers=args.layers,
-                   vocab=args.vocab, batch=args.batch, max_new=args.max_new, topk=args.topk)
+                   vocab=args.vocab, batch=args.batch, max_new=args.max_new)
     console = Console(stderr=True)
     labels = {"data": "target writes", "train": "draft learns"}
     with Progress(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -46,6 +45,7 @@ def run(args) -> int:
             console.print(f"interrupted: run the same command to continue from {args.out}/work")
             raise
     print(json.dumps(summary, indent=1), file=sys.stdout)
-    console.print(f"draft written to {args.out} (held-out agreement {summary['agreement_init']:.3f} at start, "
-                  f"{summary['agreement']:.3f} now)")
+    (a1, a2), (b1, b2) = summary["agreement_init"], summary["agreement"]
+    console.print(f"draft written to {args.out}: held-out agreement with the target {b1:.3f} on a round's first "
+                  f"draft, {b2:.3f} on later ones (at the start: {a1:.3f}, {a2:.3f})")
     return 0

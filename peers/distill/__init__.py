@@ -1,7 +1,7 @@
-"""Self-distilled drafts: the target writes varied text, a small draft learns its next-token distribution.
+"""Self-distilled drafts: the target writes varied text, a small draft learns to continue from its features.
 
-prompts (what the target is asked), teacher (batched generation with the target's top-k), draft (the draft
-model, its reduced vocabulary, and the drafter that loads it), train (loss, steps, agreement), pipeline
-(phases, checkpoints, resume).
+prompts (what the target is asked), teacher (batched generation, then the target's final hidden states over what
+it wrote), draft (the feature draft, its reduced vocabulary, and the drafter that loads it), train (losses,
+steps, agreement), pipeline (phases, checkpoints, resume).
 """
-from .draft import DistilledDrafter, is_distilled, load, shipped_draft  # noqa: F401
+from .draft import FeatureDrafter, is_distilled, load, shipped_draft  # noqa: F401

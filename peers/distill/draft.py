@@ -1,12 +1,17 @@
-"""The draft: a few of the target's own decoder layers (copied as initialisation) between the target's embedding
-and a reduced LM head.
+"""The draft: an EAGLE-style head that reads the target's own final hidden state.
+
+At position t the draft reads the target's feature f_t (its final, normalised hidden state, which the host holds
+after every ring pass) together with the embedding of the next token x_{t+1}, fuses them (fc: 2H -> H), runs a
+decoder layer of its own (with its own KV cache over earlier positions) and predicts f_{t+1}; the target's LM
+head over that prediction proposes x_{t+2}. Further drafts feed the draft's predicted feature back in place of
+the target's. The target's feature already carries nearly all of what decides the next token, so one layer
+agrees with the target far more often than a small stand-alone model of the same cost.
 
 The head keeps only the rows of the target tokens written most often (as EAGLE-3 / FR-Spec do: on a small draft
-the head is most of the cost, and rare tokens are rarely accepted anyway). The input embedding stays whole:
-reading rare context tokens as one shared row cost far more agreement than the smaller head did. Embedding
-and head rows are frozen copies of the target's, so a draft directory stores only its layers and final norm
-(a few MB) and takes the rest from its target's files when loaded; distill.json records which target.
-Verification is unchanged: the draft proposes target ids, and its q is zero outside its head's rows.
+the head is most of the cost, and rare tokens are rarely accepted anyway). Embedding and head rows are frozen
+copies of the target's, so a draft directory stores only its fc, layer and norm (a few MB) and takes the rest
+from its target's files when loaded; distill.json records which target. Verification is unchanged: the draft
+proposes target ids, and its q is zero outside its head's rows.
 """
 from __future__ import annotations
 
@@ -14,20 +19,24 @@ import copy
 import hashlib
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..drafters import ModelDrafter
+from ..drafters import Drafter
 from ..fingerprint import config_fingerprint
 from ..models import DEFAULT_MODEL, ModelError
+from ..sampling import SamplingParams, draw, position_generator
 from ..shard import _weight_files, load_config
 
 VOCAB_FILE = "draft_vocab.json"  # [target id of head row 0, of row 1, ...]
 META_FILE = "distill.json"  # the recipe, the counts reached, the target's identity, measured agreement
-SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # taken from the target, never stored with the draft
+SHARED = ("embed.weight", "head.weight")  # taken from the target, never stored with the draft
+MAX_UNSEEN = 16  # positions the draft will read without the target's feature (its own guesses stand in)
 
 
 def tokenizer_fingerprint(tok) -> str:
@@ -41,21 +50,36 @@ def choose_vocab(counts: torch.Tensor, size: int, always: set[int]) -> list[int]
     return sorted(always) + rest[: max(size - len(always), 0)]
 
 
-def layer_choice(n_target: int, n_draft: int) -> list[int]:
-    """Evenly spaced target layers, the first and the last included: what the draft starts from."""
-    if n_draft == 1:
-        return [0]
-    return [round(i * (n_target - 1) / (n_draft - 1)) for i in range(n_draft)]
-
-
-def draft_config(target_dir: Path, n_layers: int):
+def body_config(target_dir: Path, n_layers: int):
+    """The target's config cut to the draft's layers; its token embedding is unused (it gets inputs_embeds)."""
     cfg = copy.deepcopy(load_config(target_dir))
     if getattr(cfg, "layer_types", None):
-        cfg.layer_types = [cfg.layer_types[i] for i in layer_choice(cfg.num_hidden_layers, n_layers)]
+        cfg.layer_types = cfg.layer_types[-n_layers:]
     if hasattr(cfg, "max_window_layers"):
         cfg.max_window_layers = n_layers
-    cfg.num_hidden_layers, cfg.tie_word_embeddings = n_layers, False  # its head is its own (fewer rows)
+    cfg.num_hidden_layers, cfg.vocab_size = n_layers, 1
+    cfg.pad_token_id = cfg.bos_token_id = cfg.eos_token_id = None
     return cfg
+
+
+class FeatureDraft(torch.nn.Module):
+    def __init__(self, cfg, n_rows: int, target_vocab: int):
+        from transformers import AutoModel
+
+        super().__init__()
+        h = cfg.hidden_size
+        self.embed = torch.nn.Embedding(target_vocab, h)
+        self.fc = torch.nn.Linear(2 * h, h, bias=False)
+        self.body = AutoModel.from_config(cfg, dtype=torch.float32)
+        self.head = torch.nn.Linear(h, n_rows, bias=False)
+        self.embed.requires_grad_(False)
+        self.head.requires_grad_(False)
+
+    def forward(self, next_ids: torch.Tensor, feats: torch.Tensor, cache=None, attention_mask=None) -> torch.Tensor:
+        """next_ids [B, T] (x_{t+1}), feats [B, T, H] (f_t) -> predicted features [B, T, H] (f_{t+1})."""
+        x = self.fc(torch.cat([self.embed(next_ids), feats.to(self.fc.weight.dtype)], -1))
+        return self.body(inputs_embeds=x, attention_mask=attention_mask, cache=cache,
+                         use_cache=cache is not None).last_hidden_state
 
 
 def _target_tensors(target_dir: Path, names: dict[str, str]) -> dict[str, torch.Tensor]:
@@ -68,40 +92,45 @@ def _target_tensors(target_dir: Path, names: dict[str, str]) -> dict[str, torch.
     return out
 
 
-def build(target_dir: Path, cfg, ids: list[int], state: dict[str, torch.Tensor]):
-    """The draft model: `state` (its layers and norm) plus the target's embedding and the head rows `ids`."""
-    from transformers import AutoModelForCausalLM
+def target_head(target_dir: Path) -> torch.Tensor:
+    """The target's LM head matrix [vocab, H] (a tied head is its embedding)."""
+    name = "lm_head.weight" if "lm_head.weight" in _weight_files(Path(target_dir)) else "model.embed_tokens.weight"
+    return _target_tensors(target_dir, {"head": name})["head"]
 
-    head = "lm_head.weight" if "lm_head.weight" in _weight_files(Path(target_dir)) else SHARED[0]  # tied: the embedding
-    shared = _target_tensors(target_dir, {SHARED[0]: SHARED[0], "head": head})
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    model.lm_head = torch.nn.Linear(cfg.hidden_size, len(ids), bias=False)
-    model.load_state_dict({**state, SHARED[0]: shared[SHARED[0]], SHARED[1]: shared["head"][torch.tensor(ids)]})
-    model.get_input_embeddings().requires_grad_(False)
-    model.lm_head.requires_grad_(False)
+
+def build(target_dir: Path, cfg, ids: list[int], state: dict[str, torch.Tensor]) -> FeatureDraft:
+    """The draft: `state` (fc, layers, norm) plus the target's embedding and the head rows `ids`."""
+    shared = _target_tensors(target_dir, {"embed": "model.embed_tokens.weight"})["embed"]
+    model = FeatureDraft(cfg, len(ids), shared.shape[0])
+    model.load_state_dict({**state, SHARED[0]: shared, SHARED[1]: target_head(target_dir)[torch.tensor(ids)]})
     return model
 
 
-def init_draft(target_dir: Path, ids: list[int], n_layers: int):
-    """A fresh draft: the target's layers chosen by layer_choice, and its final norm."""
-    cfg = draft_config(target_dir, n_layers)
-    names = {"model.norm.weight": "model.norm.weight"}
+def init_draft(target_dir: Path, ids: list[int], n_layers: int, seed: int) -> FeatureDraft:
+    """A fresh draft: a seeded fc, the target's last layers and its final norm (the features' own scale)."""
+    cfg = body_config(target_dir, n_layers)
+    n_target = load_config(target_dir).num_hidden_layers
+    names = {"body.norm.weight": "model.norm.weight"}
     files = _weight_files(Path(target_dir))
-    for j, i in enumerate(layer_choice(load_config(target_dir).num_hidden_layers, n_layers)):
-        names.update({k.replace(f"model.layers.{i}.", f"model.layers.{j}.", 1): k
+    for j, i in enumerate(range(n_target - n_layers, n_target)):
+        names.update({k.replace(f"model.layers.{i}.", f"body.layers.{j}.", 1): k
                       for k in files if k.startswith(f"model.layers.{i}.")})
-    return build(target_dir, cfg, ids, _target_tensors(target_dir, names))
+    torch.manual_seed(seed)
+    fresh = FeatureDraft(cfg, len(ids), 1)
+    state = {k: v for k, v in fresh.state_dict().items() if k not in SHARED}
+    state.update(_target_tensors(target_dir, names))
+    return build(target_dir, cfg, ids, state)
 
 
-def own_state(model) -> dict[str, torch.Tensor]:
+def own_state(model: FeatureDraft) -> dict[str, torch.Tensor]:
     """What training changes and a draft directory stores: everything but the shared embedding and head."""
     return {k: v for k, v in model.state_dict().items() if k not in SHARED}
 
 
-def save_draft(model, ids: list[int], out: Path, meta: dict) -> None:
-    """Write the draft's layers and norm (bfloat16: half the bytes), its config, its head's ids, its recipe."""
+def save_draft(model: FeatureDraft, ids: list[int], out: Path, meta: dict) -> None:
+    """Write the draft's own tensors (bfloat16: half the bytes), its config, its head's ids, its recipe."""
     out.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(out)
+    model.body.config.save_pretrained(out)
     tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in own_state(model).items()}
     save_file(tensors, out / "model.safetensors.tmp")
     os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
@@ -119,33 +148,117 @@ def read_meta(d: Path) -> dict:
     return json.loads((Path(d) / META_FILE).read_text())
 
 
-class DistilledDrafter(ModelDrafter):
-    """ModelDrafter whose next-token logits are spread from the head's rows back over the target's vocabulary
-    (-inf elsewhere): greedy proposes only kept ids, and q is exactly 0 outside them."""
+class FeatureDrafter(Drafter):
+    """Drafts from the target's features, which the generation loop hands over after every ring pass (observe).
 
-    def __init__(self, draft_dir: Path, target_dir: Path, target_vocab: int, dtype: torch.dtype = torch.float32, **kw):
+    Cache index t holds the draft's keys and values for input (f_t, x_{t+1}). The first `true_len` indices were
+    computed from the target's real features; later ones (past what the ring has verified, e.g. while drafting
+    ahead during a round trip) from the draft's own predictions, and are recomputed once the real ones arrive."""
+
+    def __init__(self, draft_dir: Path, target_dir: Path, target_vocab: int, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32, name: str | None = None):
+        from transformers import DynamicCache
+
         ids = json.loads((Path(draft_dir) / VOCAB_FILE).read_text())
         if max(ids) >= target_vocab:
             raise ModelError(f"the draft {Path(draft_dir).name} proposes ids beyond the target's vocabulary")
-        model = build(target_dir, load_config(draft_dir), ids, load_file(Path(draft_dir) / "model.safetensors"))
-        super().__init__(draft_dir, target_vocab, model=model.to(dtype), dtype=dtype, **kw)
-        self.to_target = torch.tensor(ids, device=self.device)
+        cfg = load_config(draft_dir)
+        model = build(target_dir, cfg, ids, {k: v.float() for k, v in load_file(Path(draft_dir) / "model.safetensors").items()})
+        self.model = model.to(device, dtype).eval()
+        self.name = name or Path(draft_dir).name
+        self.device, self.target_vocab = device, target_vocab
+        self.to_target = torch.tensor(ids, device=device)
+        self.new_cache = lambda: DynamicCache(config=cfg)
+        self.cache = self.new_cache()
+        self.feats = torch.zeros(0, cfg.hidden_size, device=device)  # the target's features, positions 0..P-1
+        self.feat_ids: list[int] = []  # the token at each of those positions (-1: unknown, its feature is zeros)
+        self.cache_next: list[int] = []  # x_{t+1} behind cache index t
+        self.true_len = 0
+        self.lock = threading.Lock()  # observe (trio thread) never overlaps a proposal (worker thread)
+
+    def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
+        with self.lock:
+            feats = feats.to(self.device, self.feats.dtype)
+            gap = start - len(self.feats)
+            if gap > 0:  # the draft joined mid-conversation: positions it never saw read as zeros
+                self.feats = torch.cat([self.feats, self.feats.new_zeros(gap, feats.shape[-1])])
+                self.feat_ids += [-1] * gap
+            self.feats = torch.cat([self.feats[:start], feats])
+            self.feat_ids = self.feat_ids[:start] + list(ids)
+            self.true_len = min(self.true_len, start)
+
+    def _known(self, context: list[int]) -> int:
+        """Leading positions whose feature belongs to this very context (not to a rejected draft), the last token
+        excluded: its feature is what the ring computes next."""
+        n, limit = 0, min(len(self.feat_ids), len(context) - 1)
+        while n < limit and (self.feat_ids[n] == context[n] or self.feat_ids[n] == -1):
+            n += 1
+        return n
+
+    def _crop(self, n: int) -> None:
+        if n < len(self.cache_next):
+            if n == 0:
+                self.cache = self.new_cache()
+            else:
+                self.cache.crop(n - len(self.cache_next))  # (this cache's crop takes what to drop)
+            self.cache_next = self.cache_next[:n]
+        self.true_len = min(self.true_len, n)
+
+    def _feed(self, next_ids: list[int], feats: torch.Tensor) -> torch.Tensor:
+        ids = torch.tensor([next_ids], device=self.device)
+        out = self.model(ids, feats[None], cache=self.cache)
+        self.cache_next += next_ids
+        return out[0, -1]
+
+    def _logits(self, g: torch.Tensor) -> torch.Tensor:
+        full = g.new_full((self.target_vocab,), float("-inf"))
+        full[self.to_target] = self.model.head(g).float()
+        return full
 
     @torch.inference_mode()
-    def _feed(self, tokens: list[int]) -> None:
-        super()._feed(tokens)
-        full = self.next_logits.new_full((self.target_vocab,), float("-inf"))
-        full[self.to_target] = self.next_logits
-        self.next_logits = full
+    def propose(self, context, n, params, stop=None):
+        with self.lock:
+            return self._propose(context, n, params, stop)
+
+    def _propose(self, context: list[int], n: int, params: SamplingParams, stop) -> tuple[list[int], torch.Tensor | None]:
+        m = len(context)
+        known = self._known(context)  # indices that can read the target's own feature
+        if n <= 0 or known < 1 or m - 1 - known > MAX_UNSEEN:
+            return [], None  # nothing verified yet (a new message): the next pass brings its features
+        t0 = time.perf_counter()
+        common = 0
+        limit = min(self.true_len, known - 1)  # index known-1 is always recomputed: its output starts the drafts
+        while common < limit and self.cache_next[common] == context[common + 1]:
+            common += 1
+        self._crop(common)
+        g = self._feed(context[common + 1 : known + 1], self.feats[common:known])
+        self.true_len = known
+        for t in range(known, m - 1):  # context the ring has not verified: the draft's own guesses stand in
+            g = self._feed([context[t + 1]], g[None])
+        tokens, qs = [], []
+        while True:
+            logits = self._logits(g)
+            if params.greedy:
+                tok = int(logits.argmax())
+            else:
+                q = params.probs(logits[None])[0]
+                tok = draw(q, position_generator(params.seed, m + len(tokens), stream=0))
+                qs.append(q)
+            tokens.append(tok)
+            if len(tokens) == n or (stop is not None and stop.is_set()):
+                break
+            g = self._feed([tok], g[None])
+        self._measure(time.perf_counter() - t0, len(tokens))
+        return tokens, (torch.stack(qs) if qs else None)
 
 
 def load(draft_dir: Path, target_dir: Path, tokenizer, target_vocab: int, device: str = "cpu",
-         name: str | None = None) -> DistilledDrafter:
+         name: str | None = None) -> FeatureDrafter:
     meta = read_meta(draft_dir)
     if meta.get("target_config") != config_fingerprint(target_dir) or \
             meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
         raise ModelError(f"the draft {Path(draft_dir).name} was distilled for another model ({meta.get('target')})")
-    return DistilledDrafter(draft_dir, target_dir, target_vocab, device=device, name=name)
+    return FeatureDrafter(draft_dir, target_dir, target_vocab, device=device, name=name)
 
 
 def drafts_dir() -> Path:

@@ -27,7 +27,7 @@ from ..shard import load_config
 from . import draft as drafts
 from . import teacher, train
 
-RECIPE = {"seed": 0, "layers": 2, "vocab": 8192, "batch": None, "max_new": 256, "topk": 8}  # None: per device
+RECIPE = {"seed": 0, "layers": 1, "vocab": 8192, "batch": None, "max_new": 256}  # None: per device
 CHECKPOINT_EVERY_S = 60.0
 
 
@@ -45,7 +45,6 @@ class Options:
     vocab: int | None = None
     batch: int | None = None
     max_new: int | None = None
-    topk: int | None = None
 
 
 def _save(obj, path: Path) -> None:
@@ -66,7 +65,7 @@ def _plan(o: Options, work: Path, target_dir: Path, device: str) -> dict:
         given = getattr(o, key)
         plan[key] = given if given is not None else old[key] if old else default
     if plan["batch"] is None:
-        plan["batch"] = 256 if device.startswith("cuda") else 32
+        plan["batch"] = 256 if device.startswith("cuda") else 128
     if old is not None and old != plan:
         diff = ", ".join(f"{k} {old.get(k)} (now {plan[k]})" for k in plan if old.get(k) != plan[k])
         raise ValueError(f"{work.parent} holds a distillation with other options: {diff}; "
@@ -105,7 +104,7 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
             m = load_target()
             t0 = time.perf_counter()
             samples = teacher.write_shard(m, tok, eos_ids(target_dir, m.config, tok), seed=seed, split=split,
-                                          index=index, batch=plan["batch"], max_new=plan["max_new"], k=plan["topk"])
+                                          index=index, batch=plan["batch"], max_new=plan["max_new"])
             _save([{k: v for k, v in s.items() if k != "text"} for s in samples], path)
             state["data_s"] += time.perf_counter() - t0
             _save(state, state_path)
@@ -125,7 +124,7 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
         say(f"the data was fixed at {state['shards']} shards when training began; --shards {o.shards} is ignored")
     samples = [s for i in range(state["shards"]) for s in torch.load(work / "data" / f"train-{i:05d}.pt")]
     held_out = torch.load(work / "data" / "eval-00000.pt")
-    written = sum(len(s["topk_ids"]) for s in samples)
+    written = sum(len(s["ids"]) - s["start"] for s in samples)
     progress("data", 1, 1, f"{state['shards']} shards, {written:,} target-written tokens")
 
     # 2. the draft's head rows (fixed from here on: the data is closed) and its initialisation
@@ -139,19 +138,19 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
     ids = state["vocab"]
     to_row = torch.full((vocab_size,), -1, dtype=torch.long)  # target id -> head row (-1: not in the head)
     to_row[torch.tensor(ids)] = torch.arange(len(ids))
-    data, held_out = train.to_rows(samples, to_row), train.to_rows(held_out, to_row)
+    head = drafts.target_head(target_dir)  # the full head: the target's own greedy choice, for agreement
     target = None  # training needs only the data and the target's files: free its memory
     ckpt = work / "ckpt.pt"
     if ckpt.is_file():
         saved = torch.load(ckpt, map_location="cpu")  # a run may move between a GPU and a CPU machine
-        model = drafts.build(target_dir, drafts.draft_config(target_dir, plan["layers"]), ids, saved["model"])
+        model = drafts.build(target_dir, drafts.body_config(target_dir, plan["layers"]), ids, saved["model"])
         model.to(device)
         opt = train.optimizer(model)
         opt.load_state_dict(saved["opt"])
     else:
-        model = drafts.init_draft(target_dir, ids, plan["layers"]).to(device)
+        model = drafts.init_draft(target_dir, ids, plan["layers"], seed).to(device)
         opt = train.optimizer(model)
-        state["agreement_init"] = train.agreement(model, held_out, device)
+        state["agreement_init"] = train.agreement(model, held_out, head, to_row, device)
 
     def checkpoint():
         _save({"model": drafts.own_state(model), "opt": opt.state_dict()}, ckpt)
@@ -165,7 +164,7 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
         while not done():
             t0 = time.perf_counter()
             between_steps = False
-            loss = train.step(model, opt, data, seed, state["step"], device)
+            loss = train.step(model, opt, samples, seed, state["step"], device)
             state["step"] += 1
             state["train_s"] += time.perf_counter() - t0
             between_steps = True
@@ -183,12 +182,12 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
                "tokenizer": drafts.tokenizer_fingerprint(tok), **{k: plan[k] for k in RECIPE},
                "shards": state["shards"], "steps": state["step"], "written_tokens": written,
                "data_minutes": round(state["data_s"] / 60, 2), "train_minutes": round(state["train_s"] / 60, 2),
-               "device": device, "agreement_init": round(state["agreement_init"], 4),
-               "agreement": round(train.agreement(model, held_out, device), 4),
+               "device": device, "agreement_init": [round(a, 4) for a in state["agreement_init"]],
+               "agreement": [round(a, 4) for a in train.agreement(model, held_out, head, to_row, device)],
                "loss": None if math.isnan(loss) else round(loss, 4)}
     summary["reproduce"] = (f"sfchat distill --model {o.model or models.DEFAULT_MODEL} --out {out} --seed {seed} "
                             f"--layers {plan['layers']} --vocab {plan['vocab']} --batch {plan['batch']} "
-                            f"--max-new-tokens {plan['max_new']} --topk {plan['topk']} "
+                            f"--max-new-tokens {plan['max_new']} "
                             f"--shards {state['shards']} --steps {state['step']}")
     drafts.save_draft(model, ids, out, summary)
     return summary

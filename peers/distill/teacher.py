@@ -1,6 +1,10 @@
-"""The target writes the training text. Conversations are answered in left-padded batches with transformers'
-generate (one stream on a CPU makes ~14 tok/s; a batch of 32 several times that), and at every position the
-target writes we keep its top-k next-token probabilities: the soft labels the draft learns from.
+"""The target writes the training text, and reads it back to give the draft what it learns from.
+
+Conversations are answered in left-padded batches with transformers' generate (a batch of 128 makes ~340 tok/s on
+two CPU cores, one stream ~14). Each finished conversation is then read by the target once more (teacher forcing,
+right-padded so positions are plain 0..L-1) to keep its final hidden state at every position: the feature the
+draft reads at inference (the host holds it after each ring pass) and the target's next-token distribution at
+training time (its LM head over the feature).
 
 A shard is three batches: the target writes requests of its own (self_prompt), answers templated and
 self-written prompts, then answers a follow-up turn on some of those conversations (multi-turn context).
@@ -10,68 +14,64 @@ from __future__ import annotations
 import random
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig
 
 from ..chat import render
 from . import prompts
 
 SELF_PROMPT_TOKENS = 64
-
-
-class TopK(LogitsProcessor):
-    """Records the top-k of the target's raw distribution at each step, then applies the temperature. It is the
-    only processor generate runs (top-k 0, top-p 1, temperature 1 there), so what it records is the target's p."""
-
-    def __init__(self, k: int, temperature: float):
-        self.k, self.temperature = k, temperature
-        self.ids: list[torch.Tensor] = []
-        self.probs: list[torch.Tensor] = []
-
-    def __call__(self, input_ids, scores):
-        p, i = torch.softmax(scores.float(), -1).topk(self.k, dim=-1)
-        self.ids.append(i.cpu())
-        self.probs.append(p.cpu())
-        return scores / self.temperature if self.temperature > 0 else scores
+READ_BATCH = 16  # conversations per teacher-forcing pass (bounds the attention's memory)
 
 
 @torch.inference_mode()
-def answer(model, tok, eos: set[int], convs: list[list[dict]], *, max_new: int, temperature: float, k: int,
+def features(model, rows: list[list[int]]) -> list[torch.Tensor]:
+    """The target's final (normalised) hidden state at every position of each row: [len(row), hidden] each."""
+    out = []
+    for i in range(0, len(rows), READ_BATCH):
+        chunk = rows[i : i + READ_BATCH]
+        width = max(map(len, chunk))
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in chunk], device=model.device)
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in chunk], device=model.device)
+        h = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        out += [h[b, : len(r)].half().cpu() for b, r in enumerate(chunk)]
+    return out
+
+
+@torch.inference_mode()
+def answer(model, tok, eos: set[int], convs: list[list[dict]], *, max_new: int, temperature: float,
            seed: int) -> list[dict]:
     """Answer each conversation in one batch. A sample: ids (prompt + answer, eos included), start (where the
-    answer begins), topk_ids / topk_p ([len(answer), k]: the target's p at each answer position), text."""
+    answer begins), feats ([len(ids), hidden] float16: the target's final hidden states), text."""
     rendered = [render(tok, c) for c in convs]
     width = max(map(len, rendered))
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rendered])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rendered])
-    rec = TopK(k, temperature)
-    sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if temperature > 0 else {}
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {}
     config = GenerationConfig(max_new_tokens=max_new, pad_token_id=pad, eos_token_id=sorted(eos), **sampling)
     torch.manual_seed(seed)  # sampling draws from torch's global generator
-    device = model.device
-    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                         logits_processor=LogitsProcessorList([rec]))
+    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                         generation_config=config)
     written = out[:, width:].cpu()
-    top_ids, top_p = torch.stack(rec.ids, 1), torch.stack(rec.probs, 1)
-    samples = []
+    rows, texts = [], []
     for b, r in enumerate(rendered):
         row = written[b].tolist()
         n = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-        samples.append({"ids": torch.tensor(r + row[:n], dtype=torch.int32), "start": len(r),
-                        "topk_ids": top_ids[b, :n].to(torch.int32), "topk_p": top_p[b, :n].half(),
-                        "text": tok.decode(row[:n], skip_special_tokens=True)})
-    return samples
+        rows.append(r + row[:n])
+        texts.append(tok.decode(row[:n], skip_special_tokens=True))
+    return [{"ids": torch.tensor(row, dtype=torch.int32), "start": len(r), "feats": f, "text": text}
+            for row, r, f, text in zip(rows, rendered, features(model, rows), texts)]
 
 
-def write_shard(model, tok, eos: set[int], *, seed: int, split: str, index: int, batch: int, max_new: int,
-                k: int) -> list[dict]:
+def write_shard(model, tok, eos: set[int], *, seed: int, split: str, index: int, batch: int,
+                max_new: int) -> list[dict]:
     """Shard `index` of `split` ("train" or "eval"): the same samples for the same arguments, on the same device."""
     rng = random.Random(f"{seed}:{split}:{index}")
-    temperature = rng.choice([0.0, 0.7, 1.0])  # greedy and sampled answers, as chats use both
+    temperature = rng.choice([0.0, 0.0, 0.7])  # mostly greedy (what greedy chats meet), some sampled answers
     base = (seed * 1_000_003 + index * 2 + (split == "eval")) % 2**31
 
     def ask(convs, n, salt):
-        return answer(model, tok, eos, convs, max_new=n, temperature=temperature, k=k, seed=base + salt)
+        return answer(model, tok, eos, convs, max_new=n, temperature=temperature, seed=base + salt)
 
     user = lambda text: {"role": "user", "content": text}  # noqa: E731
     requests = ask([[user(prompts.self_prompt(rng, split))] for _ in range(batch // 2)],

@@ -1,5 +1,10 @@
-"""Training: at every position the target wrote, the draft's next-token distribution is fitted to the target's
-top-k (renormalised over the ids the draft can output): cross-entropy against soft labels, i.e. distillation.
+"""Training the feature draft (EAGLE-style): at index t it reads (f_t, x_{t+1}) and must predict f_{t+1}.
+
+Two losses, as in EAGLE: the draft's next-token distribution (the head over its predicted feature) is fitted to
+the target's (the same head rows over the real f_{t+1}: the target's distribution renormalised over the ids the
+draft can propose), and the predicted feature is pulled towards the real one (smooth L1). Each step also runs a
+second pass whose inputs are the first pass's predictions instead of the target's features: at inference every
+draft after the first reads the draft's own guess, and this teaches it to keep going from one.
 
 Step j's batch is drawn by a generator seeded with (seed, j), and the learning rate depends on j alone, so a
 run resumed from a checkpoint takes exactly the steps an uninterrupted one would: same seed, same data, same
@@ -8,55 +13,41 @@ number of steps -> the same weights (bit for bit on a CPU).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 BATCH = 16  # conversations per step
 MAX_LEN = 1024  # tokens per conversation seen in training (longer ones are cut)
-LR, WARMUP = 3e-4, 50
-
-
-def to_rows(samples: list[dict], to_row: torch.Tensor) -> list[dict]:
-    """Samples with labels as head rows (-1: a token the draft cannot propose) and their renormalised weights."""
-    out = []
-    for s in samples:
-        labels = to_row[s["topk_ids"].long()]
-        p = s["topk_p"].float() * (labels >= 0)
-        keep = p.sum(-1) > 0
-        p[keep] /= p[keep].sum(-1, keepdim=True)
-        # compact dtypes: all the data stays in memory
-        out.append({"ids": s["ids"], "start": s["start"], "labels": labels.int(), "p": p.half()})
-    return out
+LR, WARMUP = 1e-3, 50
+FEATURE_WEIGHT = 1.0
 
 
 def collate(batch: list[dict], device) -> tuple[torch.Tensor, ...]:
-    """Right-padded inputs [B, T], attention mask, labels [B, T, k], their weights, and where answers are."""
+    """Right-padded next ids [B, T], features f_t [B, T, H], targets f_{t+1}, mask, and where answers are
+    predicted (x_{t+2} is an answer token)."""
     T = min(max(len(s["ids"]) for s in batch) - 1, MAX_LEN)
-    k = batch[0]["labels"].shape[-1]
-    B = len(batch)
-    ids = torch.zeros(B, T, dtype=torch.long)
+    B, H = len(batch), batch[0]["feats"].shape[-1]
+    nxt = torch.zeros(B, T, dtype=torch.long)
+    feats, target = torch.zeros(B, T, H), torch.zeros(B, T, H)
     mask = torch.zeros(B, T, dtype=torch.long)
-    labels = torch.full((B, T, k), -1, dtype=torch.long)
-    weights = torch.zeros(B, T, k)
     answer = torch.zeros(B, T, dtype=torch.bool)
     for b, s in enumerate(batch):
         n = min(len(s["ids"]) - 1, T)
-        ids[b, :n], mask[b, :n] = s["ids"][:n], 1
-        # the logits at position t predict token t + 1: answer token j (at start + j) is predicted at start + j - 1
-        a, e = s["start"] - 1, min(s["start"] - 1 + len(s["labels"]), n)
-        if e > a:
-            labels[b, a:e], weights[b, a:e], answer[b, a:e] = s["labels"][: e - a], s["p"][: e - a], True
-    return tuple(t.to(device) for t in (ids, mask, labels, weights, answer))
+        nxt[b, :n] = s["ids"][1 : n + 1]
+        feats[b, :n], target[b, :n] = s["feats"][:n].float(), s["feats"][1 : n + 1].float()
+        mask[b, :n] = 1
+        # index t predicts x_{t+2}: answer tokens start at `start`, and the last token has nothing after it
+        answer[b, max(s["start"] - 2, 0) : min(n, len(s["ids"]) - 2)] = True
+    return tuple(t.to(device) for t in (nxt, feats, target, mask, answer))
 
 
-def answer_logits(model, ids, mask, answer) -> torch.Tensor:
-    """Logits [N, rows] at the answer positions only: the head is most of the cost, prompts need none."""
-    h = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state[answer]
-    return model.lm_head(h).float()
-
-
-def loss_fn(model, ids, mask, labels, weights, answer) -> torch.Tensor:
-    logp = torch.log_softmax(answer_logits(model, ids, mask, answer), -1).gather(-1, labels[answer].clamp_min(0))
-    w = weights[answer]  # 0 where the label is -1
-    return -(w * logp).sum() / w.sum().clamp_min(1.0)
+def losses(model, nxt, feats, target, mask, answer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, predicted features) of one pass."""
+    g = model(nxt, feats, attention_mask=mask)
+    pred, real = g[answer], target[answer]
+    with torch.no_grad():
+        p = torch.softmax(model.head(real).float(), -1)
+    ce = -(p * torch.log_softmax(model.head(pred).float(), -1)).sum(-1).mean()
+    return ce + FEATURE_WEIGHT * F.smooth_l1_loss(pred, real), g
 
 
 def lr_at(step: int) -> float:
@@ -70,7 +61,12 @@ def step(model, opt, data: list[dict], seed: int, j: int, device) -> float:
     for group in opt.param_groups:
         group["lr"] = lr_at(j)
     model.train()
-    loss = loss_fn(model, *collate([data[i] for i in pick], device))
+    nxt, feats, target, mask, answer = collate([data[i] for i in pick], device)
+    first, pred = losses(model, nxt, feats, target, mask, answer)
+    # second pass: index t reads the draft's own prediction of f_t (made at t - 1) in place of the real one
+    own = torch.cat([feats[:, :1], pred.detach()[:, :-1]], 1)
+    second, _ = losses(model, nxt, own, target, mask, answer)
+    loss = (first + second) / 2
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
@@ -83,14 +79,21 @@ def optimizer(model) -> torch.optim.Optimizer:
 
 
 @torch.no_grad()
-def agreement(model, data: list[dict], device) -> float:
-    """How often the draft's top token is the target's top token, over every answer position of `data`: the
-    per-token acceptance of greedy speculation (1 + a + a^2 + ... tokens per round)."""
+def agreement(model, data: list[dict], head: torch.Tensor, to_row: torch.Tensor, device) -> tuple[float, float]:
+    """How often the draft's top token is the target's top token over every answer position of `data`, for the
+    first draft of a round (real features in) and for later ones (the draft's own previous guess in). With
+    greedy speculation a round then commits about 1 + a1 + a1*a2 + a1*a2^2 + ... tokens."""
     model.eval()
-    hit = total = 0
+    head = head.to(device)
+    hits, total = [0, 0], 0
     for i in range(0, len(data), BATCH):
-        ids, mask, labels, _, answer = collate(data[i : i + BATCH], device)
-        top = labels[answer][:, 0]  # head row of the target's top token; -1 if the draft cannot propose it
-        hit += int((answer_logits(model, ids, mask, answer).argmax(-1) == top).sum())
-        total += len(top)
-    return hit / max(total, 1)
+        nxt, feats, target, mask, answer = collate(data[i : i + BATCH], device)
+        real = target[answer]
+        top = torch.cat([(c @ head.T).argmax(-1) for c in real.split(1024)])  # the target's greedy next token
+        want = to_row.to(device)[top]  # -1: the draft cannot propose it
+        g = model(nxt, feats, attention_mask=mask)
+        own = torch.cat([feats[:, :1], g[:, :-1]], 1)
+        for j, out in enumerate((g, model(nxt, own, attention_mask=mask))):
+            hits[j] += int((model.head(out[answer]).argmax(-1) == want).sum())
+        total += len(want)
+    return hits[0] / max(total, 1), hits[1] / max(total, 1)
