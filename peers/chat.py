@@ -8,7 +8,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, GenerationConfig
 
 from .adaptive import KPolicy
-from .drafters import Drafter
+from .drafters import Drafter, common_prefix
 from .generate import Result, generate
 from .host import Host
 from .sampling import SamplingParams
@@ -68,9 +68,7 @@ class Chat:
         self.messages.append({"role": "user", "content": user_text})
         prompt = render(self.tokenizer, self.messages)
         # keep the ring's caches for the part of the conversation that renders the same as what it holds
-        common = 0
-        while common < min(len(prompt), len(self.tokens)) and prompt[common] == self.tokens[common]:
-            common += 1
+        common = common_prefix(prompt, self.tokens)
         self.rs.ring_len = min(self.rs.ring_len, common, len(prompt) - 1)
         self.tokens = prompt
         stream = TextStream(self.tokenizer)

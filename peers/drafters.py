@@ -16,6 +16,18 @@ import torch
 from .sampling import SamplingParams, draw, pad_vocab, position_generator
 
 
+def common_prefix(a: list, b: list, limit: int | None = None) -> int:
+    """How many leading items a and b share (at most `limit`). Called every round on the whole conversation: the
+    usual case, all equal, is one list comparison in C; only a difference is searched item by item."""
+    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
+    if a[:n] == b[:n]:
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
+
+
 class Drafter:
     name = "none"
     ms_per_token = 0.0  # measured cost of one drafted token (moving average)
@@ -108,10 +120,7 @@ class ModelDrafter(Drafter):
         self.next_logits = out.logits[0, -1].float()
 
     def _sync(self, context: list[int]) -> None:
-        common = 0
-        limit = min(len(context), len(self.seen))
-        while common < limit and context[common] == self.seen[common]:
-            common += 1
+        common = common_prefix(context, self.seen)
         if common == len(context):  # context is a prefix of what we saw: recompute its last position
             common -= 1
         if common < len(self.seen):

@@ -376,8 +376,7 @@ class Host:
                 raise RingError(f"the last member returned a bad frame: {e}") from None
             trace = reply["trace"]
         t1 = time.perf_counter()
-        feats = await trio.to_thread.run_sync(self.shard.features, h[0], limiter=self.compute)
-        logits = await trio.to_thread.run_sync(self.shard.head, feats[-n_logits:], limiter=self.compute)
+        feats, logits = await trio.to_thread.run_sync(self.shard.finish, h[0], n_logits, limiter=self.compute)
         s.features = (committed, ids, feats)  # what a feature draft reads next
         head_ms = (time.perf_counter() - t1) * 1e3
         s.ring_len = committed + len(ids)

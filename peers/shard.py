@@ -169,16 +169,14 @@ class Shard:
         return masks
 
     @torch.inference_mode()
-    def features(self, h: torch.Tensor) -> torch.Tensor:
-        """The final normalised hidden states: what the LM head reads, and what a feature draft reads."""
-        return self.norm(h.to(self.device, self.dtype))
-
-    @torch.inference_mode()
-    def head(self, feats: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(feats).float()
+    def finish(self, h: torch.Tensor, n_logits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final normalised hidden states at every position (what a feature draft reads) and the logits at
+        the last n_logits."""
+        feats = self.norm(h.to(self.device, self.dtype))
+        return feats, self.lm_head(feats[..., -n_logits:, :]).float()
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(h))
+        return self.finish(h, h.shape[-2])[1]
 
 
 def _assign(module: torch.nn.Module, name: str, t: torch.Tensor) -> None:

@@ -120,6 +120,26 @@ def test_speculation_with_the_draft_is_exact(drafts, tiny_llama):
     assert len(r.token_ids) > 0
 
 
+def test_features_of_rejected_drafts_are_never_read(drafts, tiny_llama):
+    """A pass also returns features at drafts the target went on to reject: the draft must read only those of
+    its context, exactly as a draft that never saw the rejected ones."""
+    tok = load_tokenizer(tiny_llama)
+    ids = tok.encode(PROMPT)
+    cut = len(ids) - 3  # the pass verified ids[:cut] plus three drafts, and the target rejected them
+    rejected = ids[:cut] + [7, 8, 9]
+    d = make_drafter(str(drafts["trained"]), tiny_llama, 300, tok)
+    d.observe(0, rejected, target_features(tiny_llama, rejected))
+    fresh = make_drafter(str(drafts["trained"]), tiny_llama, 300, tok)
+    fresh.observe(0, ids[:cut], target_features(tiny_llama, ids[:cut]))
+    context = ids[: cut + 1]  # ids[cut] is the target's own token after the rejection
+    assert d.propose(context, 3, SamplingParams()) == fresh.propose(context, 3, SamplingParams())
+    # the feature buffer grows as a conversation does, keeping what it holds
+    first = torch.randn(300, d.feats.shape[1])
+    d.observe(0, list(range(300)), first)
+    d.observe(300, list(range(300)), torch.randn(300, d.feats.shape[1]))
+    assert d.n_feats == 600 and len(d.feat_ids) == 600 and torch.equal(d.feats[:300], first)
+
+
 def test_resume_and_seed_give_the_same_weights(drafts, tiny_llama, tmp_path):
     """Stopped after 10 steps and continued to 20 == 20 steps in one go from nothing (data written again)."""
     shutil.copytree(drafts["init"], tmp_path / "a")

@@ -17,7 +17,6 @@ from peers.memory import rss_bytes
 PROMPT = "hello world, the quick brown fox"
 
 
-
 async def send_raw(addr: str, data: bytes) -> bytes:
     """Send bytes, read until the other side closes (or 12 s pass): what it said before hanging up."""
     stream = await trio.open_tcp_stream(*parse_addr(addr))

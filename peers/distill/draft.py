@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..drafters import Drafter
+from ..drafters import Drafter, common_prefix
 from ..fingerprint import config_fingerprint
 from ..models import DEFAULT_MODEL, ModelError
 from ..sampling import SamplingParams, draw, position_generator
@@ -163,37 +163,44 @@ class FeatureDrafter(Drafter):
         if max(ids) >= target_vocab:
             raise ModelError(f"the draft {Path(draft_dir).name} proposes ids beyond the target's vocabulary")
         cfg = load_config(draft_dir)
-        model = build(target_dir, cfg, ids, {k: v.float() for k, v in load_file(Path(draft_dir) / "model.safetensors").items()})
-        self.model = model.to(device, dtype).eval()
+        own = {k: v.float() for k, v in load_file(Path(draft_dir) / "model.safetensors").items()}
+        self.model = build(target_dir, cfg, ids, own).to(device, dtype).eval()
         self.name = name or Path(draft_dir).name
         self.device, self.target_vocab = device, target_vocab
         self.to_target = torch.tensor(ids, device=device)
         self.new_cache = lambda: DynamicCache(config=cfg)
         self.cache = self.new_cache()
-        self.feats = torch.zeros(0, cfg.hidden_size, device=device)  # the target's features, positions 0..P-1
-        self.feat_ids: list[int] = []  # the token at each of those positions (-1: unknown, its feature is zeros)
+        # the target's features at positions 0..n_feats-1, in a buffer that grows by doubling (observe runs
+        # every round: appending must not copy the whole conversation each time)
+        self.feats = torch.zeros(256, cfg.hidden_size, device=device)
+        self.n_feats = 0
+        self.feat_ids: list[int] = []  # the token at each of those positions
+        self.blind = 0  # leading positions never seen (the draft joined mid-conversation): their features are zeros
         self.cache_next: list[int] = []  # x_{t+1} behind cache index t
         self.true_len = 0
         self.lock = threading.Lock()  # observe (trio thread) never overlaps a proposal (worker thread)
 
     def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
         with self.lock:
-            feats = feats.to(self.device, self.feats.dtype)
-            gap = start - len(self.feats)
-            if gap > 0:  # the draft joined mid-conversation: positions it never saw read as zeros
-                self.feats = torch.cat([self.feats, self.feats.new_zeros(gap, feats.shape[-1])])
-                self.feat_ids += [-1] * gap
-            self.feats = torch.cat([self.feats[:start], feats])
+            end = start + len(feats)
+            if end > len(self.feats):
+                grown = self.feats.new_zeros(max(end, 2 * len(self.feats)), self.feats.shape[1])
+                grown[: self.n_feats] = self.feats[: self.n_feats]
+                self.feats = grown
+            if start > self.n_feats:  # positions it never saw (it joined mid-conversation): start over blind
+                self.feats[:start] = 0
+                self.feat_ids, self.blind, self.true_len = [-1] * start, start, 0
+            self.blind = min(self.blind, start)  # a replay brings real features from `start` on
+            self.feats[start:end] = feats.to(self.device, self.feats.dtype)
+            self.n_feats = end
             self.feat_ids = self.feat_ids[:start] + list(ids)
             self.true_len = min(self.true_len, start)
 
     def _known(self, context: list[int]) -> int:
         """Leading positions whose feature belongs to this very context (not to a rejected draft), the last token
-        excluded: its feature is what the ring computes next."""
-        n, limit = 0, min(len(self.feat_ids), len(context) - 1)
-        while n < limit and (self.feat_ids[n] == context[n] or self.feat_ids[n] == -1):
-            n += 1
-        return n
+        excluded: its feature is what the ring computes next. Blind positions count as belonging."""
+        b = min(self.blind, len(context) - 1)
+        return b + common_prefix(self.feat_ids[b:], context[b:], len(context) - 1 - b)
 
     def _crop(self, n: int) -> None:
         if n < len(self.cache_next):
@@ -210,26 +217,30 @@ class FeatureDrafter(Drafter):
         self.cache_next += next_ids
         return out[0, -1]
 
-    def _logits(self, g: torch.Tensor) -> torch.Tensor:
-        full = g.new_full((self.target_vocab,), float("-inf"))
-        full[self.to_target] = self.model.head(g).float()
-        return full
+    def _next(self, g: torch.Tensor, params: SamplingParams, position: int) -> tuple[int, torch.Tensor | None]:
+        """The draft token after predicted feature g, and (when sampling) q over the target's vocabulary."""
+        rows = self.model.head(g).float()
+        if params.greedy:
+            return int(self.to_target[rows.argmax()]), None
+        full = rows.new_full((self.target_vocab,), float("-inf"))  # q is exactly 0 off the head's rows
+        full[self.to_target] = rows
+        q = params.probs(full[None])[0]
+        return draw(q, position_generator(params.seed, position, stream=0)), q
 
     @torch.inference_mode()
     def propose(self, context, n, params, stop=None):
         with self.lock:
             return self._propose(context, n, params, stop)
 
-    def _propose(self, context: list[int], n: int, params: SamplingParams, stop) -> tuple[list[int], torch.Tensor | None]:
+    def _propose(self, context: list[int], n: int, params: SamplingParams,
+                 stop) -> tuple[list[int], torch.Tensor | None]:
         m = len(context)
         known = self._known(context)  # indices that can read the target's own feature
         if n <= 0 or known < 1 or m - 1 - known > MAX_UNSEEN:
             return [], None  # nothing verified yet (a new message): the next pass brings its features
         t0 = time.perf_counter()
-        common = 0
-        limit = min(self.true_len, known - 1)  # index known-1 is always recomputed: its output starts the drafts
-        while common < limit and self.cache_next[common] == context[common + 1]:
-            common += 1
+        # index known-1 is always recomputed: its output starts the drafts
+        common = common_prefix(self.cache_next, context[1:], min(self.true_len, known - 1))
         self._crop(common)
         g = self._feed(context[common + 1 : known + 1], self.feats[common:known])
         self.true_len = known
@@ -237,14 +248,10 @@ class FeatureDrafter(Drafter):
             g = self._feed([context[t + 1]], g[None])
         tokens, qs = [], []
         while True:
-            logits = self._logits(g)
-            if params.greedy:
-                tok = int(logits.argmax())
-            else:
-                q = params.probs(logits[None])[0]
-                tok = draw(q, position_generator(params.seed, m + len(tokens), stream=0))
-                qs.append(q)
+            tok, q = self._next(g, params, m + len(tokens))
             tokens.append(tok)
+            if q is not None:
+                qs.append(q)
             if len(tokens) == n or (stop is not None and stop.is_set()):
                 break
             g = self._feed([tok], g[None])
