@@ -142,7 +142,8 @@ def test_escape_stops_a_long_answer_and_keys_echo_fast(tiny_llama):
             await until(pilot, lambda: len(stats.history) >= 5, "the first rounds")
             # while the ring generates, a key press reaches the prompt line quickly
             prompt = scr.query_one(PromptInput)
-            delays = [await echo_ms(app, prompt, ch) for ch in "typing while it streams"]
+            # a few keys only: on a fast machine the 400 tokens take under a second
+            delays = [await echo_ms(app, prompt, ch) for ch in "typing"]
             assert scr.answering, "the answer finished before the keys were measured"
             print(f"\nkey echo while generating: median {statistics.median(delays):.1f} ms, max {max(delays):.1f} ms")
             assert statistics.median(delays) < 50
@@ -153,7 +154,7 @@ def test_escape_stops_a_long_answer_and_keys_echo_fast(tiny_llama):
             assert len(stats.history) < 400  # one token per round without a drafter: it stopped early
             assert scr.conv.messages[-1] == {"role": "assistant", "content": answer.source}
             assert store.load(scr.conv.id).messages == scr.conv.messages
-            assert prompt.value == "typing while it streams"  # what was typed meanwhile is still there
+            assert prompt.value == "typing"  # what was typed meanwhile is still there
             await app.action_quit()
 
     asyncio.run(main())
