@@ -3,12 +3,22 @@
 With per-token acceptance alpha, a round with K drafts commits on average
     E(K) = (1 - alpha^(K+1)) / (1 - alpha)
 tokens (the accepted prefix plus the target's own next token), and costs about
-    round_ms + K * draft_ms
-so we pick argmax_K E(K) / (round_ms + K * draft_ms). alpha is a moving average of accepted / drafted.
+    base_ms + K * (verify_ms + draft_ms)
+where base_ms is a ring pass over one token (the round trip and every member's layers), verify_ms what each
+extra token adds to that pass (small on a GPU, a good part of a token's forward on a CPU) and draft_ms the draft's
+cost per token. So we pick argmax_K E(K) / (base_ms + K * (verify_ms + draft_ms)).
+
+alpha is a moving average of accepted / drafted. base_ms and verify_ms are the intercept and slope of a
+least-squares line through recent (K, pass time) pairs, with older rounds weighted down exponentially; while K
+has not varied enough to see a slope, the last slope (at first 0) stands. When K = 0 is best (a draft too weak or
+too dear for this link), one round in EXPLORE_EVERY still drafts once, so that alpha keeps being measured.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+EXPLORE_EVERY = 8
+MIN_K_VARIANCE = 0.25  # below this spread of recent K, a fitted slope would be noise
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -17,8 +27,9 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def best_k(alpha: float, round_ms: float, draft_ms: float, k_max: int) -> int:
-    return max(range(k_max + 1), key=lambda k: expected_tokens(alpha, k) / (round_ms + k * draft_ms + 1e-9))
+def best_k(alpha: float, round_ms: float, draft_ms: float, k_max: int, verify_ms: float = 0.0) -> int:
+    per_token = verify_ms + draft_ms
+    return max(range(k_max + 1), key=lambda k: expected_tokens(alpha, k) / (round_ms + k * per_token + 1e-9))
 
 
 @dataclass
@@ -26,19 +37,40 @@ class KPolicy:
     pinned: int | None = None  # --k N
     k_max: int = 12
     alpha: float = 0.6  # prior, replaced by measurements within a few rounds
-    round_ms: float = 0.0
     smoothing: float = 0.3
+    base_ms: float = 0.0  # a pass over one token (0: not measured yet)
+    verify_ms: float = 0.0  # what each drafted token adds to a pass
+    rounds: int = 0
+    # exponentially weighted sums for the line pass_ms = base_ms + verify_ms * K: weight, K, K^2, ms, K*ms
+    _sums: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
 
     def choose(self, draft_ms: float) -> int:
         if self.pinned is not None:
             return self.pinned
-        if self.round_ms <= 0:
+        if self.base_ms <= 0:
             return 4
-        # at least one draft, or a drafter that once missed would never be measured again
-        return max(1, best_k(self.alpha, self.round_ms, draft_ms, self.k_max))
+        k = best_k(self.alpha, self.base_ms, draft_ms, self.k_max, self.verify_ms)
+        if k == 0 and self.rounds % EXPLORE_EVERY == 0:
+            return 1
+        return k
 
-    def update(self, drafted: int, accepted: int, round_ms: float) -> None:
+    def update(self, drafted: int, accepted: int, round_ms: float, positions: int | None = None) -> None:
+        """One round: `positions` is how many the pass carried (1 + drafted unless it also caught up on a
+        prompt); passes much longer than any round (a prompt's prefill, a replay) say nothing about K."""
         a = self.smoothing
+        self.rounds += 1
         if drafted:
             self.alpha = (1 - a) * self.alpha + a * min(accepted / drafted, 0.99)
-        self.round_ms = round_ms if self.round_ms <= 0 else (1 - a) * self.round_ms + a * round_ms
+        k = float(drafted if positions is None else positions - 1)
+        if k > self.k_max:
+            return
+        # a slower decay for the line than for alpha: a slope needs rounds of several different K
+        keep = 1 - a / 3
+        w, sk, skk, sr, skr = (keep * s for s in self._sums)
+        self._sums = (w + 1, sk + k, skk + k * k, sr + round_ms, skr + k * round_ms)
+        w, sk, skk, sr, skr = self._sums
+        mean_k, mean_r = sk / w, sr / w
+        var_k = skk / w - mean_k**2
+        if var_k >= MIN_K_VARIANCE:
+            self.verify_ms = max((skr / w - mean_k * mean_r) / var_k, 0.0)
+        self.base_ms = max(mean_r - self.verify_ms * mean_k, 1e-3)

@@ -56,21 +56,25 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
         t_round = time.perf_counter()
         left = max_new_tokens - (len(tokens) - start)
         k = min(policy.choose(drafter.ms_per_token), left - 1) if drafter.name != "none" else 0
+        # one draft more than K, the guess at the target's bonus token, when a look-ahead can build on it (it
+        # drafts while the round is on the wire: a ring with peers)
+        want = k + 1 if overlap and host.ring and k > 0 else k
         # drafts: what the look-ahead made, if its assumption came true, then more if needed
         drafts, q, hidden_ms = [], None, 0.0
         if ahead is not None and ahead.context == tokens and ahead.tokens:
-            used = min(len(ahead.tokens), k + 1)
+            used = min(len(ahead.tokens), want)
             drafts, q = ahead.tokens[:used], (ahead.q[:used] if ahead.q is not None else None)
             hidden_ms = ahead.ms * used / len(ahead.tokens)
         t0 = time.perf_counter()
-        if k > 0 and len(drafts) < k + 1:
-            more, mq = await trio.to_thread.run_sync(drafter.propose, tokens + drafts, k + 1 - len(drafts), params)
+        if len(drafts) < want:
+            more, mq = await trio.to_thread.run_sync(drafter.propose, tokens + drafts, want - len(drafts), params)
             drafts += more
             q = mq if q is None else (torch.cat([q, mq]) if mq is not None else q)
         draft_ms = (time.perf_counter() - t0) * 1e3
         guess = drafts[k] if len(drafts) > k else None  # the draft's bet on the target's bonus token
         drafts = drafts[:k]
         q = q[: len(drafts)] if q is not None else None
+        positions = len(tokens) - host.committed(rs) + len(drafts)  # what this pass carries through the ring
         stop, sent = threading.Event(), trio.Event()
         ahead = Ahead(tokens + drafts + [guess]) if (overlap and guess is not None) else None
         failure = None
@@ -118,7 +122,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
                        hidden_draft_ms=round(hidden_ms, 3), network_ms=round(timing["network_ms"], 3),
                        host_ms=round(timing["host_ms"], 3), peers=timing["peers"], verify_ms=round(verify_ms, 3),
                        round_ms=round((time.perf_counter() - t_round) * 1e3, 3))
-        policy.update(len(drafts), n_acc, timing["pass_ms"] + verify_ms)
+        policy.update(len(drafts), n_acc, timing["pass_ms"] + verify_ms, positions)
         stats.add(r)
         rounds.append(r.to_dict())
         if on_round is not None:

@@ -25,6 +25,7 @@ from .fingerprint import config_fingerprint, span_fingerprint
 from .memory import default_device, free_bytes, rss_bytes
 from .plan import split_layers
 from .shard import DTYPES, SessionCache, Shard, Span, load_config
+from .threads import call_with_threads
 
 log = logging.getLogger("sfchat.host")
 
@@ -94,6 +95,7 @@ class Host:
         self.waiting: dict[tuple[str, int], trio.MemorySendChannel] = {}
         self.seq = itertools.count()
         self.compute = trio.CapacityLimiter(1)
+        self.threads = torch.get_num_threads()  # for the shard's compute, whatever a draft's thread has set
         self.plan_lock = trio.Lock()
         self.member_ids = itertools.count(1)
         self.joined = trio.Condition()
@@ -348,7 +350,8 @@ class Host:
         ids, n_logits = tokens[committed:] + drafts, len(drafts) + 1
         t0 = time.perf_counter()
         x = torch.tensor([ids], dtype=torch.long)
-        h = await trio.to_thread.run_sync(self.shard.forward, s.cache, committed, x, limiter=self.compute)
+        h = await trio.to_thread.run_sync(call_with_threads, self.threads, self.shard.forward, s.cache, committed,
+                                           x, limiter=self.compute)
         host_ms = (time.perf_counter() - t0) * 1e3
         trace: list = []
         if self.ring:
@@ -376,7 +379,8 @@ class Host:
                 raise RingError(f"the last member returned a bad frame: {e}") from None
             trace = reply["trace"]
         t1 = time.perf_counter()
-        feats, logits = await trio.to_thread.run_sync(self.shard.finish, h[0], n_logits, limiter=self.compute)
+        feats, logits = await trio.to_thread.run_sync(call_with_threads, self.threads, self.shard.finish, h[0],
+                                                      n_logits, limiter=self.compute)
         s.features = (committed, ids, feats)  # what a feature draft reads next
         head_ms = (time.perf_counter() - t1) * 1e3
         s.ring_len = committed + len(ids)

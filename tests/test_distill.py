@@ -61,6 +61,7 @@ def held_out_agreement(draft_dir, target_dir, samples) -> float:
     """Through the drafter interface, as the generation loop drives it: after a pass that verified x_0..x_{m-1}
     the draft holds the features f_0..f_{m-2}; how often is its proposal the target's greedy choice after x_{m-1}?"""
     d = make_drafter(str(draft_dir), target_dir, 300, load_tokenizer(target_dir))
+    d.copy = False  # the draft itself, without prompt lookup
     head = target_head(target_dir)
     hit = total = 0
     for s in samples:
@@ -141,9 +142,17 @@ def test_features_of_rejected_drafts_are_never_read(drafts, tiny_llama):
 
 
 def test_resume_and_seed_give_the_same_weights(drafts, tiny_llama, tmp_path):
-    """Stopped after 10 steps and continued to 20 == 20 steps in one go from nothing (data written again)."""
+    """Interrupted (Ctrl-C) after 10 of 20 steps and run again == 20 steps in one go from nothing (data written
+    again)."""
     shutil.copytree(drafts["init"], tmp_path / "a")
-    run(tiny_llama, tmp_path / "a", steps=10)
+
+    def interrupt(phase, done, total, note):
+        if phase == "train" and done == 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        distill(Options(model=str(tiny_llama), out=tmp_path / "a", **{**SMALL, "steps": 20}), progress=interrupt,
+                say=lambda *a: None)
     _, events = run(tiny_llama, tmp_path / "a", steps=20)
     assert [e[1] for e in events if e[0] == "train"] == list(range(11, 21))
     run(tiny_llama, tmp_path / "b", shards=3, steps=20)
@@ -176,3 +185,48 @@ def test_cli_runs_for_seconds_and_make_drafter_picks_the_shipped_draft(tiny_llam
     assert shipped_draft(target) == out
     assert shipped_draft(tiny_llama) is None  # another target: not the embedded default
     assert isinstance(make_drafter(None, target, 300, tok), FeatureDrafter)
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth_when_the_steps_are_known():
+    from peers.distill.train import LR, WARMUP, lr_at
+
+    assert lr_at(0, 1000) == pytest.approx(LR / WARMUP) and lr_at(WARMUP, 1000) == pytest.approx(LR)
+    assert lr_at(999, 1000) == pytest.approx(LR / 10, rel=0.01) and lr_at(525, 1000) == pytest.approx(0.55 * LR)
+    assert lr_at(999) == LR  # a time budget: no known end, no decay
+
+
+def test_the_draft_runs_on_one_thread_and_the_host_keeps_its_count(drafts, tiny_llama):
+    """torch's thread count is per OS thread, and a new thread takes the process default, which dips to 1 while
+    a draft proposes: the host's compute sets its own count (call_with_threads), so it keeps 2 regardless."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from peers.threads import call_with_threads
+
+    torch.set_num_threads(2)
+    d = make_drafter(str(drafts["trained"]), tiny_llama, 300, load_tokenizer(tiny_llama))
+    ids = load_tokenizer(tiny_llama).encode(PROMPT)
+    d.observe(0, ids[:-1], target_features(tiny_llama, ids)[:-1])
+    seen = []
+    real = d._propose
+    d._propose = lambda *a: (seen.append(torch.get_num_threads()), real(*a))[1]
+    with ThreadPoolExecutor(1) as drafting:
+        assert len(drafting.submit(d.propose, ids, 3, SamplingParams()).result()[0]) == 3
+        assert seen == [1] and drafting.submit(torch.get_num_threads).result() == 2  # restored
+        drafting.submit(torch.set_num_threads, 1).result()  # as if caught mid-proposal
+        with ThreadPoolExecutor(1) as fresh:
+            assert fresh.submit(torch.get_num_threads).result() == 1  # torch's default, the hazard
+        with ThreadPoolExecutor(1) as fresh:
+            assert fresh.submit(call_with_threads, 2, torch.get_num_threads).result() == 2
+
+
+def test_where_the_context_repeats_the_draft_copies_what_followed(drafts, tiny_llama):
+    tok = load_tokenizer(tiny_llama)
+    ids = tok.encode(PROMPT)
+    context = ids + ids[:3]  # the text starts over: after ids[:3] came ids[3], ids[4], ...
+    d = make_drafter(str(drafts["trained"]), tiny_llama, 300, tok)
+    d.observe(0, context[:-1], target_features(tiny_llama, context[:-1]))
+    assert d.propose(context, 3, SamplingParams())[0] == ids[3:6]
+    tokens, q = d.propose(context, 3, SamplingParams(0.8, seed=1))  # sampling: proposed with certainty
+    assert tokens == ids[3:6] and torch.equal(q, torch.nn.functional.one_hot(torch.tensor(ids[3:6]), 300).float())
+    d.copy = False
+    assert d.propose(context, 3, SamplingParams())[0] != ids[3:6]

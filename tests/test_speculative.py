@@ -1,10 +1,12 @@
 """Speculative decoding on tiny models: exact with every drafter, rollback, vocab padding, look-ahead, K."""
+import random
+
 import pytest
 import trio
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import answer, ask_json, reference_ids
-from peers.adaptive import KPolicy, best_k, expected_tokens
+from peers.adaptive import EXPLORE_EVERY, KPolicy, best_k, expected_tokens
 from peers.chat import load_tokenizer
 from peers.drafters import ModelDrafter, NgramDrafter, lookup, make_drafter
 from peers.models import ModelError
@@ -114,6 +116,38 @@ def test_adaptive_k_maximises_expected_tokens_per_second():
         p.update(8, 1, 100.0)
     assert p.alpha < 0.3 and p.choose(3.0) < 6
     assert KPolicy(pinned=6).choose(1.0) == 6
+
+
+def test_adaptive_k_learns_what_each_verified_token_costs():
+    rng = random.Random(0)
+
+    def accepted(k: int) -> int:  # each draft right with probability 0.5, up to the first miss
+        n = 0
+        while n < k and rng.random() < 0.5:
+            n += 1
+        return n
+
+    # a CPU ring with no round trip: a pass costs 20 ms plus 12 ms per drafted token, a draft token 1 ms.
+    # E(1) / (20 + 13) = 1.5 / 33 < 1 / 20: drafting does not pay, whatever the draft's acceptance
+    p = KPolicy()
+    ks = []
+    for _ in range(64):
+        k = p.choose(1.0)
+        ks.append(k)
+        p.update(k, accepted(k), 20.0 + 12.0 * k, positions=k + 1)
+    assert p.verify_ms == pytest.approx(12.0, rel=0.05) and p.base_ms == pytest.approx(20.0, rel=0.05)
+    # K = 0, but one round in EXPLORE_EVERY still drafts, to keep alpha measured
+    late = ks[32:]
+    assert late.count(0) >= len(late) * 0.8 and 0 < late.count(1) <= len(late) // EXPLORE_EVERY + 1
+    # the same draft and CPU behind an 86 ms round trip: 1.5 / 119 > 1 / 106, so it drafts every round
+    wan = KPolicy()
+    for _ in range(40):
+        k = wan.choose(1.0)
+        wan.update(k, accepted(k), 106.0 + 12.0 * k, positions=k + 1)
+    assert all(wan.choose(1.0) >= 1 for _ in range(EXPLORE_EVERY))
+    # a prompt's prefill (hundreds of positions in one pass) does not bend the line
+    wan.update(0, 0, 900.0, positions=300)
+    assert wan.base_ms == pytest.approx(106.0, rel=0.05)
 
 
 def test_ask_json_reports_speculation(tiny_llama):

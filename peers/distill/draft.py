@@ -27,11 +27,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..drafters import Drafter, common_prefix
+from ..drafters import Drafter, common_prefix, lookup
 from ..fingerprint import config_fingerprint
 from ..models import DEFAULT_MODEL, ModelError
 from ..sampling import SamplingParams, draw, position_generator
 from ..shard import _weight_files, load_config
+from ..threads import torch_threads
 
 VOCAB_FILE = "draft_vocab.json"  # [target id of head row 0, of row 1, ...]
 META_FILE = "distill.json"  # the recipe, the counts reached, the target's identity, measured agreement
@@ -148,8 +149,19 @@ def read_meta(d: Path) -> dict:
     return json.loads((Path(d) / META_FILE).read_text())
 
 
+def one_hot(token: int, size: int, device) -> torch.Tensor:
+    q = torch.zeros(size, device=device)
+    q[token] = 1.0
+    return q
+
+
 class FeatureDrafter(Drafter):
     """Drafts from the target's features, which the generation loop hands over after every ring pass (observe).
+
+    Where the context repeats itself (its last 2-3 tokens occurred before), the draft copies what followed them
+    instead (prompt lookup, proposed with certainty): on ten chat answers the draft never saw, copying was right
+    64% of the time at such places and the feature draft 21%, which took the first draft's agreement with the
+    target from 0.24 to 0.35.
 
     Cache index t holds the draft's keys and values for input (f_t, x_{t+1}). The first `true_len` indices were
     computed from the target's real features; later ones (past what the ring has verified, e.g. while drafting
@@ -179,6 +191,7 @@ class FeatureDrafter(Drafter):
         self.cache_next: list[int] = []  # x_{t+1} behind cache index t
         self.true_len = 0
         self.lock = threading.Lock()  # observe (trio thread) never overlaps a proposal (worker thread)
+        self.copy = True  # copy where the context repeats (off: the feature draft alone, to measure it)
 
     def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
         with self.lock:
@@ -229,7 +242,11 @@ class FeatureDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, context, n, params, stop=None):
-        with self.lock:
+        # one thread: the draft's matrices are small, and it often runs while a ring stage computes on the same
+        # cores (its look-ahead), where a second thread's barrier waits on a busy core; measured with another
+        # process busy on both cores, one proposal of 2 tokens took 5.9 ms on one thread and 33 ms on two.
+        # torch's thread count is per OS thread, so the host's own layers keep theirs (peers/threads.py).
+        with torch_threads(1), self.lock:
             return self._propose(context, n, params, stop)
 
     def _propose(self, context: list[int], n: int, params: SamplingParams,
@@ -248,7 +265,11 @@ class FeatureDrafter(Drafter):
             g = self._feed([context[t + 1]], g[None])
         tokens, qs = [], []
         while True:
-            tok, q = self._next(g, params, m + len(tokens))
+            copy = lookup(context + tokens, 1) if self.copy else []
+            if copy:  # the text repeats itself: what followed last time (measured: right 64% of the time there)
+                tok, q = copy[0], (None if params.greedy else one_hot(copy[0], self.target_vocab, self.device))
+            else:
+                tok, q = self._next(g, params, m + len(tokens))
             tokens.append(tok)
             if q is not None:
                 qs.append(q)

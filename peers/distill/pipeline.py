@@ -164,7 +164,7 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
         while not done():
             t0 = time.perf_counter()
             between_steps = False
-            loss = train.step(model, opt, samples, seed, state["step"], device)
+            loss = train.step(model, opt, samples, seed, state["step"], device, o.steps)
             state["step"] += 1
             state["train_s"] += time.perf_counter() - t0
             between_steps = True

@@ -8,9 +8,12 @@ draft after the first reads the draft's own guess, and this teaches it to keep g
 
 Step j's batch is drawn by a generator seeded with (seed, j), and the learning rate depends on j alone, so a
 run resumed from a checkpoint takes exactly the steps an uninterrupted one would: same seed, same data, same
-number of steps -> the same weights (bit for bit on a CPU).
+number of steps -> the same weights (bit for bit on a CPU). A run given --steps decays its rate to that end, so
+continuing it with a larger --steps is a different run.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -50,16 +53,22 @@ def losses(model, nxt, feats, target, mask, answer) -> tuple[torch.Tensor, torch
     return ce + FEATURE_WEIGHT * F.smooth_l1_loss(pred, real), g
 
 
-def lr_at(step: int) -> float:
-    return LR * min(1.0, (step + 1) / WARMUP)
+def lr_at(step: int, total: int | None = None) -> float:
+    """Linear warm-up; then, when the run's length is known (--steps), a cosine decay to LR / 10 at its end (the
+    last steps average out the noise of the constant-rate ones); with a time budget, constant."""
+    warm = min(1.0, (step + 1) / WARMUP)
+    if total is None or total <= WARMUP:
+        return LR * warm
+    done = min(max(step - WARMUP, 0) / (total - WARMUP), 1.0)
+    return LR * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
 
 
-def step(model, opt, data: list[dict], seed: int, j: int, device) -> float:
-    """Training step j (0-based): its batch and learning rate depend only on (seed, j)."""
+def step(model, opt, data: list[dict], seed: int, j: int, device, total: int | None = None) -> float:
+    """Training step j (0-based) of `total`: its batch and learning rate depend only on (seed, j, total)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + j)
     pick = torch.randint(len(data), (min(BATCH, len(data)),), generator=g).tolist()
     for group in opt.param_groups:
-        group["lr"] = lr_at(j)
+        group["lr"] = lr_at(j, total)
     model.train()
     nxt, feats, target, mask, answer = collate([data[i] for i in pick], device)
     first, pred = losses(model, nxt, feats, target, mask, answer)
