@@ -8,7 +8,11 @@ where base_ms is a ring pass over one token (the round trip and every member's l
 extra token adds to that pass (small on a GPU, a good part of a token's forward on a CPU) and draft_ms the draft's
 cost per token. So we pick argmax_K E(K) / (base_ms + K * (verify_ms + draft_ms)).
 
-alpha is a moving average of accepted / drafted. base_ms and verify_ms are the intercept and slope of a
+alpha is estimated as a geometric acceptance: a round that accepted a of K drafts tested a + 1 of them (the
+first miss ends the test; the drafts after it say nothing), or K if all passed; alpha = hits / tests over recent
+rounds, older ones weighted down exponentially, starting from a prior of 0.6 worth two tests. (A plain average of
+a / K reads a round of K = 8 that accepted 1 as 1/8, not as one hit in two tests, and sinks alpha below what
+K = 1 rounds show.) base_ms and verify_ms are the intercept and slope of a
 least-squares line through recent (K, pass time) pairs, with older rounds weighted down exponentially; while K
 has not varied enough to see a slope, the last slope (at first 0) stands. When K = 0 is best (a draft too weak or
 too dear for this link), one round in EXPLORE_EVERY still drafts once, so that alpha keeps being measured.
@@ -36,13 +40,18 @@ def best_k(alpha: float, round_ms: float, draft_ms: float, k_max: int, verify_ms
 class KPolicy:
     pinned: int | None = None  # --k N
     k_max: int = 12
-    alpha: float = 0.6  # prior, replaced by measurements within a few rounds
-    smoothing: float = 0.3
+    hits: float = 1.2  # exponentially weighted accepted drafts; the prior: alpha 0.6 over two tests
+    tests: float = 2.0  # exponentially weighted drafts tested
+    keep: float = 0.9  # each round's weight on the next: the estimates follow about the last ten rounds
     base_ms: float = 0.0  # a pass over one token (0: not measured yet)
     verify_ms: float = 0.0  # what each drafted token adds to a pass
     rounds: int = 0
     # exponentially weighted sums for the line pass_ms = base_ms + verify_ms * K: weight, K, K^2, ms, K*ms
     _sums: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+    @property
+    def alpha(self) -> float:
+        return min(self.hits / self.tests, 0.99)
 
     def choose(self, draft_ms: float) -> int:
         if self.pinned is not None:
@@ -57,16 +66,14 @@ class KPolicy:
     def update(self, drafted: int, accepted: int, round_ms: float, positions: int | None = None) -> None:
         """One round: `positions` is how many the pass carried (1 + drafted unless it also caught up on a
         prompt); passes much longer than any round (a prompt's prefill, a replay) say nothing about K."""
-        a = self.smoothing
         self.rounds += 1
         if drafted:
-            self.alpha = (1 - a) * self.alpha + a * min(accepted / drafted, 0.99)
+            self.hits = self.keep * self.hits + accepted
+            self.tests = self.keep * self.tests + (accepted + 1 if accepted < drafted else drafted)
         k = float(drafted if positions is None else positions - 1)
         if k > self.k_max:
             return
-        # a slower decay for the line than for alpha: a slope needs rounds of several different K
-        keep = 1 - a / 3
-        w, sk, skk, sr, skr = (keep * s for s in self._sums)
+        w, sk, skk, sr, skr = (self.keep * s for s in self._sums)
         self._sums = (w + 1, sk + k, skk + k * k, sr + round_ms, skr + k * round_ms)
         w, sk, skk, sr, skr = self._sums
         mean_k, mean_r = sk / w, sr / w
