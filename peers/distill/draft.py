@@ -159,9 +159,9 @@ class FeatureDrafter(Drafter):
     """Drafts from the target's features, which the generation loop hands over after every ring pass (observe).
 
     Where the context repeats itself (its last 2-3 tokens occurred before), the draft copies what followed them
-    instead (prompt lookup, proposed with certainty): on ten chat answers the draft never saw, copying was right
-    64% of the time at such places and the feature draft 21%, which took the first draft's agreement with the
-    target from 0.24 to 0.35.
+    instead (prompt lookup, proposed with certainty): on ten chat answers the shipped draft never saw, copying
+    was right 64% of the time at such places and the draft 33%, which took the first draft's agreement with the
+    target from 0.33 to 0.41.
 
     Cache index t holds the draft's keys and values for input (f_t, x_{t+1}). The first `true_len` indices were
     computed from the target's real features; later ones (past what the ring has verified, e.g. while drafting
@@ -266,7 +266,7 @@ class FeatureDrafter(Drafter):
         tokens, qs = [], []
         while True:
             copy = lookup(context + tokens, 1) if self.copy else []
-            if copy:  # the text repeats itself: what followed last time (measured: right 64% of the time there)
+            if copy:  # the text repeats itself: what followed last time
                 tok, q = copy[0], (None if params.greedy else one_hot(copy[0], self.target_vocab, self.device))
             else:
                 tok, q = self._next(g, params, m + len(tokens))
