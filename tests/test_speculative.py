@@ -132,7 +132,7 @@ def test_adaptive_k_learns_what_each_verified_token_costs():
         return n
 
     # a CPU ring with no round trip: a pass costs 20 ms plus 12 ms per drafted token, a draft token 1 ms.
-    # E(1) / (20 + 13) = 1.5 / 33 < 1 / 20: drafting does not pay, whatever the draft's acceptance
+    # at acceptance 0.5, E(1) / (20 + 13) = 1.5 / 33 < 1 / 20: drafting does not pay
     p = KPolicy()
     ks = []
     for _ in range(64):
