@@ -39,6 +39,7 @@ class LinkPolicy(KPolicy):
     def update(self, drafted, accepted, round_ms, positions=None):
         super().update(drafted, accepted, round_ms + self.rtt_ms, positions)
 
+
 # chat prompts written for this check, not drawn from the distillation's templates or topics
 PROMPTS = [
     "Explain quantum entanglement in simple terms.",
@@ -92,7 +93,8 @@ def main() -> None:
     args = p.parse_args()
     doc = trio.run(run, args)
     m = doc["median"]
-    print(f"{doc['drafter']}, K chosen for {args.rtt_ms:g} ms: median over {len(doc['rows'])} prompts: {m['tokens_per_round']:.2f} tokens/round, "
+    print(f"{doc['drafter']}, K chosen for {args.rtt_ms:g} ms: median over {len(doc['rows'])} prompts: "
+          f"{m['tokens_per_round']:.2f} tokens/round, "
           f"acceptance {m['acceptance']:.3f}, K {m['mean_k']:.1f}, draft {m['draft_ms_per_token']:.2f} ms/token = "
           f"{100 * m['draft_cost_fraction']:.1f}% of a target forward ({m['target_ms_per_forward']:.1f} ms)")
     if args.json:

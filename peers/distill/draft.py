@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -149,12 +150,6 @@ def read_meta(d: Path) -> dict:
     return json.loads((Path(d) / META_FILE).read_text())
 
 
-def one_hot(token: int, size: int, device) -> torch.Tensor:
-    q = torch.zeros(size, device=device)
-    q[token] = 1.0
-    return q
-
-
 class FeatureDrafter(Drafter):
     """Drafts from the target's features, which the generation loop hands over after every ring pass (observe).
 
@@ -264,13 +259,17 @@ class FeatureDrafter(Drafter):
         for t in range(known, m - 1):  # context the ring has not verified: the draft's own guesses stand in
             g = self._feed([context[t + 1]], g[None])
         tokens, qs = [], []
+        seq = list(context)  # the context and the drafts so far, grown in place: what copying searches
         while True:
-            copy = lookup(context + tokens, 1) if self.copy else []
-            if copy:  # the text repeats itself: what followed last time
-                tok, q = copy[0], (None if params.greedy else one_hot(copy[0], self.target_vocab, self.device))
+            copy = lookup(seq, 1) if self.copy else []
+            if copy:  # the text repeats itself: what followed last time, proposed with certainty
+                tok = copy[0]
+                q = None if params.greedy else \
+                    F.one_hot(torch.tensor(tok, device=self.device), self.target_vocab).float()
             else:
                 tok, q = self._next(g, params, m + len(tokens))
             tokens.append(tok)
+            seq.append(tok)
             if q is not None:
                 qs.append(q)
             if len(tokens) == n or (stop is not None and stop.is_set()):
