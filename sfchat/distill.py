@@ -17,6 +17,9 @@ def add_arguments(p) -> None:
     p.add_argument("--vocab", type=int, help="the draft's vocabulary: most frequent target tokens (8192)")
     p.add_argument("--batch", type=int, help="conversations the target answers at once (128 on a CPU, 256 on CUDA)")
     p.add_argument("--max-new-tokens", type=int, dest="max_new", help="longest answer the target writes (256)")
+    p.add_argument("--teacher-dtype", choices=["float32", "bfloat16"],
+                   help="the target's dtype for the shards this run writes (bfloat16 where the hardware is fast at it)")
+    p.add_argument("--data-only", action="store_true", help="stop once the data is written; train in a later run")
 
 
 def run(args) -> int:
@@ -27,7 +30,8 @@ def run(args) -> int:
 
     opts = Options(model=args.model, out=args.out, minutes=args.minutes, data_share=args.data_share,
                    shards=args.shards, steps=args.steps, device=args.device, seed=args.seed, layers=args.layers,
-                   vocab=args.vocab, batch=args.batch, max_new=args.max_new)
+                   vocab=args.vocab, batch=args.batch, max_new=args.max_new, teacher_dtype=args.teacher_dtype,
+                   data_only=args.data_only)
     console = Console(stderr=True)
     labels = {"data": "target writes", "train": "draft learns"}
     with Progress(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -45,6 +49,9 @@ def run(args) -> int:
             console.print(f"interrupted: run the same command to continue from {args.out}/work")
             raise
     print(json.dumps(summary, indent=1), file=sys.stdout)
+    if "agreement" not in summary:
+        console.print(f"{summary['shards']} shards written to {args.out}/work: run without --data-only to train")
+        return 0
     (a1, a2), (b1, b2) = summary["agreement_init"], summary["agreement"]
     console.print(f"draft written to {args.out}: held-out agreement with the target {b1:.3f} on a round's first "
                   f"draft, {b2:.3f} on later ones (at the start: {a1:.3f}, {a2:.3f})")

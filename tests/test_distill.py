@@ -22,7 +22,7 @@ from peers.sampling import SamplingParams
 PROMPT = "the quick brown fox jumps over the lazy dog"
 
 # small everything: the target answers 8 conversations at a time, 32 tokens each; the draft keeps 128 ids
-SMALL = dict(batch=8, max_new=32, vocab=128, device="cpu", seed=0)
+SMALL = dict(batch=8, max_new=32, vocab=128, device="cpu", seed=0, teacher_dtype="float32")
 
 
 @pytest.fixture(autouse=True)
@@ -160,6 +160,30 @@ def test_resume_and_seed_give_the_same_weights(drafts, tiny_llama, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="other options"):
         run(tiny_llama, tmp_path / "b", steps=20, seed=1)
+
+
+def test_data_written_in_two_dtypes_is_reproduced_by_the_printed_commands(tiny_llama, tmp_path, capsys):
+    """Two --data-only runs (float32, then bfloat16 shards) and a training run; the summary's commands, run as
+    printed into another directory, give the same weights."""
+    from sfchat.cli import parser
+    from sfchat.distill import run as cli_run
+
+    first, _ = run(tiny_llama, tmp_path / "a", shards=2, data_only=True)
+    assert first["shards"] == 2 and "agreement" not in first
+    assert not (tmp_path / "a" / "model.safetensors").exists()
+    run(tiny_llama, tmp_path / "a", shards=3, data_only=True, teacher_dtype="bfloat16")
+    summary, _ = run(tiny_llama, tmp_path / "a", shards=3, steps=4)
+    assert summary["teacher_dtypes"] == {"float32": 2, "bfloat16": 1}
+    commands = summary["reproduce"].split(" && ")
+    assert commands[0].endswith("--teacher-dtype float32 --shards 2 --data-only")
+    assert commands[1].endswith("--teacher-dtype bfloat16 --shards 3 --steps 4") and len(commands) == 2
+    for command in commands:
+        args = parser().parse_args(command.replace(str(tmp_path / "a"), str(tmp_path / "b")).split()[1:])
+        args.device, args.batch = "cpu", 8
+        assert cli_run(args) == 0
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "b" / "work" / "state.json").read_text())["dtypes"] == ["float32"] * 2 + ["bfloat16"]
 
 
 def test_cli_runs_for_seconds_and_make_drafter_picks_the_shipped_draft(tiny_llama, tmp_path, monkeypatch):
