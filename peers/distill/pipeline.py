@@ -2,10 +2,11 @@
 
 Everything lives in OUT/work (ignored by git): plan.json (the recipe; a re-run must match it), state.json (how
 far each phase got), data/*.pt (shards of target-written samples), ckpt.pt (draft and optimizer). A re-run
-continues where the last one stopped. --data-only stops once the data is written (training can follow later, even
-on another machine); the data stays open to more shards until training begins. The budget is --minutes, split between writing data and training
+continues where the last one stopped. The budget is --minutes, split between writing data and training
 (--data-share); --shards / --steps replace it with exact counts, which is how a draft is reproduced: same seed,
 same shards, same steps -> the same weights (on a CPU; CUDA kernels need not be bitwise deterministic).
+--data-only stops once the data is written (training may follow later, even on another machine); the data stays
+open to more shards until training begins.
 The target writes in --teacher-dtype: bfloat16 where the hardware has fast bfloat16 units (2.3x faster on an AMX
 CPU; its greedy next token agrees with float32's at 98% of positions), else float32. Each shard's dtype is kept
 in state.json, and the reproducing commands name it.
@@ -114,7 +115,6 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
     state = json.loads(state_path.read_text()) if state_path.is_file() else \
         {"shards": 0, "data_s": 0.0, "vocab": None, "step": 0, "train_s": 0.0, "agreement_init": None}
     state.setdefault("dtypes", ["float32"] * state["shards"])  # runs before --teacher-dtype wrote float32
-    state.setdefault("eval_dtype", "float32" if state["shards"] else None)
     dtype = o.teacher_dtype or fast_dtype(device)
     tok = load_tokenizer(target_dir)
     seed = plan["seed"]
@@ -136,9 +136,7 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
             samples = teacher.write_shard(m, tok, eos_ids(target_dir, m.config, tok), seed=seed, split=split,
                                           index=index, batch=plan["batch"], max_new=plan["max_new"])
             _save([{k: v for k, v in s.items() if k != "text"} for s in samples], path)
-            if split == "eval":
-                state["eval_dtype"] = dtype
-            else:
+            if split == "train":  # the held-out shard is written by the first run, in the first shards' dtype
                 state["dtypes"].append(dtype)
             state["data_s"] += time.perf_counter() - t0
             _save(state, state_path)
