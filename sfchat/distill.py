@@ -19,6 +19,9 @@ def add_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, dest="max_new", help="longest answer the target writes (256)")
     p.add_argument("--teacher-dtype", choices=["float32", "bfloat16"],
                    help="the target's dtype for the shards this run writes (bfloat16 where the hardware is fast at it)")
+    p.add_argument("--prompts", choices=["chat", "templates"], default="chat", dest="prompt_set",
+                   help="what the target answers in the shards this run writes: plain chat requests (chat) or the "
+                        "templated set of the first drafts")
     p.add_argument("--data-only", action="store_true", help="stop once the data is written; train in a later run")
 
 
@@ -31,7 +34,7 @@ def run(args) -> int:
     opts = Options(model=args.model, out=args.out, minutes=args.minutes, data_share=args.data_share,
                    shards=args.shards, steps=args.steps, device=args.device, seed=args.seed, layers=args.layers,
                    vocab=args.vocab, batch=args.batch, max_new=args.max_new, teacher_dtype=args.teacher_dtype,
-                   data_only=args.data_only)
+                   prompt_set=args.prompt_set, data_only=args.data_only)
     console = Console(stderr=True)
     labels = {"data": "target writes", "train": "draft learns"}
     with Progress(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),

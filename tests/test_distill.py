@@ -15,7 +15,7 @@ from helpers import ROOT, answer, reference_ids
 from peers.chat import load_tokenizer
 from peers.distill import FeatureDrafter, shipped_draft
 from peers.distill.draft import target_head
-from peers.distill.pipeline import Options, distill
+from peers.distill.pipeline import Options, distill, held_out_samples
 from peers.drafters import NgramDrafter, make_drafter
 from peers.sampling import SamplingParams
 
@@ -75,7 +75,7 @@ def held_out_agreement(draft_dir, target_dir, samples) -> float:
 
 
 def test_distillation_beats_the_initialisation_on_held_out_prompts(drafts, tiny_llama):
-    held_out = torch.load(drafts["trained"] / "work" / "data" / "eval-00000.pt")
+    held_out = held_out_samples(drafts["trained"] / "work")
     before = held_out_agreement(drafts["init"], tiny_llama, held_out)
     after = held_out_agreement(drafts["trained"], tiny_llama, held_out)
     s = drafts["summary"]
@@ -162,28 +162,53 @@ def test_resume_and_seed_give_the_same_weights(drafts, tiny_llama, tmp_path):
         run(tiny_llama, tmp_path / "b", steps=20, seed=1)
 
 
-def test_data_written_in_two_dtypes_is_reproduced_by_the_printed_commands(tiny_llama, tmp_path, capsys):
-    """Two --data-only runs (float32, then bfloat16 shards) and a training run; the summary's commands, run as
-    printed into another directory, give the same weights."""
+def test_data_of_two_kinds_is_reproduced_by_the_printed_commands(tiny_llama, tmp_path, capsys):
+    """Two --data-only runs (float32 templated shards, then bfloat16 chat shards) and a training run; the summary's
+    commands, run as printed into another directory, give the same weights."""
     from sfchat.cli import parser
     from sfchat.distill import run as cli_run
 
-    first, _ = run(tiny_llama, tmp_path / "a", shards=2, data_only=True)
+    first, _ = run(tiny_llama, tmp_path / "a", shards=2, data_only=True, prompt_set="templates")
     assert first["shards"] == 2 and "agreement" not in first
     assert not (tmp_path / "a" / "model.safetensors").exists()
-    run(tiny_llama, tmp_path / "a", shards=3, data_only=True, teacher_dtype="bfloat16")
+    run(tiny_llama, tmp_path / "a", shards=3, data_only=True, teacher_dtype="bfloat16", prompt_set="chat")
     summary, _ = run(tiny_llama, tmp_path / "a", shards=3, steps=4)
     assert summary["teacher_dtypes"] == {"float32": 2, "bfloat16": 1}
+    assert summary["prompt_sets"] == {"templates": 2, "chat": 1}
+    held_out = sorted(p.name for p in (tmp_path / "a" / "work" / "data").glob("eval-*.pt"))
+    assert held_out == ["eval-00000.pt", "eval-00001.pt"]  # one per prompt set: templates, chat
     commands = summary["reproduce"].split(" && ")
-    assert commands[0].endswith("--teacher-dtype float32 --shards 2 --data-only")
-    assert commands[1].endswith("--teacher-dtype bfloat16 --shards 3 --steps 4") and len(commands) == 2
+    assert commands[0].endswith("--teacher-dtype float32 --prompts templates --shards 2 --data-only")
+    assert commands[1].endswith("--teacher-dtype bfloat16 --prompts chat --shards 3 --steps 4") and len(commands) == 2
     for command in commands:
         args = parser().parse_args(command.replace(str(tmp_path / "a"), str(tmp_path / "b")).split()[1:])
         args.device, args.batch = "cpu", 8
         assert cli_run(args) == 0
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((tmp_path / "b" / "work" / "state.json").read_text())["dtypes"] == ["float32"] * 2 + ["bfloat16"]
+    state = json.loads((tmp_path / "b" / "work" / "state.json").read_text())
+    assert state["dtypes"] == ["float32"] * 2 + ["bfloat16"]
+    assert state["prompt_sets"] == ["templates"] * 2 + ["chat"]
+
+
+def test_chat_prompts_keep_held_out_subjects_and_the_measured_prompts_out_of_training():
+    """The held-out shard's subjects never reach training, and no prompt that measures the draft
+    (scripts/draft_eval.py, the bench's defaults) is one the draft learns from."""
+    import random
+
+    from peers.distill import chat_prompts
+    from scripts.draft_eval import PROMPTS
+    from sfchat.bench import DEFAULT_PROMPTS
+
+    rng = random.Random(0)
+    train = {chat_prompts.prompt(rng, "train") for _ in range(20000)}
+    held = {chat_prompts.prompt(rng, "eval") for _ in range(5000)}
+    assert len(train) > 5000 and len(held) > 500  # varied
+    assert not train & held
+    assert not train & (set(PROMPTS) | set(DEFAULT_PROMPTS))
+    assert not any(p.lower() in t.lower() for p in ("fibonacci", "entanglement", "pipeline", "tomato", "cover letter",
+                                                   "refrigerator", "lighthouse", "tuple", "paris", "purr")
+                   for t in train)
 
 
 def test_cli_runs_for_seconds_and_make_drafter_picks_the_shipped_draft(tiny_llama, tmp_path, monkeypatch):

@@ -8,8 +8,10 @@ same shards, same steps -> the same weights (on a CPU; CUDA kernels need not be 
 --data-only stops once the data is written (training may follow later, even on another machine); the data stays
 open to more shards until training begins.
 The target writes in --teacher-dtype: bfloat16 where the hardware has fast bfloat16 units (2.3x faster on an AMX
-CPU; its greedy next token agrees with float32's at 98% of positions), else float32. Each shard's dtype is kept
-in state.json, and the reproducing commands name it.
+CPU; its greedy next token agrees with float32's at 98% of positions), else float32. It answers --prompts: plain
+chat requests (chat, the default) or templated ones (templates, what the first drafts learnt from). Each shard's
+dtype and prompt set are kept in state.json, and the reproducing commands name them. Each prompt set has its own
+held-out shard, written by the first run that uses the set.
 The draft itself (config.json, model.safetensors, draft_vocab.json, distill.json) is written to OUT when a run
 ends, however it ends.
 """
@@ -51,6 +53,7 @@ class Options:
     batch: int | None = None
     max_new: int | None = None
     teacher_dtype: str | None = None  # for the shards this run writes; None: fast_dtype(device)
+    prompt_set: str = "chat"  # for the shards this run writes: one of teacher.PROMPT_SETS
     data_only: bool = False
 
 
@@ -72,17 +75,23 @@ def fast_dtype(device: str) -> str:
     return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
 
 
-def reproduce(out: Path, model: str, plan: dict, dtypes: list[str], steps: int | None) -> str:
-    """The commands that rewrite this data (one per run of shards in one dtype) and, given steps, train."""
-    def command(shards, dtype, tail):
+def reproduce(out: Path, model: str, plan: dict, kinds: list[tuple[str, str]], steps: int | None) -> str:
+    """The commands that rewrite this data (one per run of shards of one kind: (dtype, prompt set)) and, given
+    steps, train."""
+    def command(shards, kind, tail):
         return (f"sfchat distill --model {model} --out {out} --seed {plan['seed']} --layers {plan['layers']} "
                 f"--vocab {plan['vocab']} --batch {plan['batch']} --max-new-tokens {plan['max_new']} "
-                f"--teacher-dtype {dtype} --shards {shards} {tail}")
-    ends = [i + 1 for i in range(len(dtypes)) if i + 1 == len(dtypes) or dtypes[i + 1] != dtypes[i]]
-    lines = [command(end, dtypes[end - 1], "--data-only") for end in ends]
+                f"--teacher-dtype {kind[0]} --prompts {kind[1]} --shards {shards} {tail}")
+    ends = [i + 1 for i in range(len(kinds)) if i + 1 == len(kinds) or kinds[i + 1] != kinds[i]]
+    lines = [command(end, kinds[end - 1], "--data-only") for end in ends]
     if steps is not None:
         lines[-1] = lines[-1].replace("--data-only", f"--steps {steps}")
     return " && ".join(lines)
+
+
+def held_out_samples(work: Path) -> list[dict]:
+    """The held-out shards' samples (topics never trained on): one shard per prompt set the data uses."""
+    return [s for path in sorted((work / "data").glob("eval-*.pt")) for s in torch.load(path)]
 
 
 def _plan(o: Options, work: Path, target_dir: Path, device: str) -> dict:
@@ -115,10 +124,14 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
     state = json.loads(state_path.read_text()) if state_path.is_file() else \
         {"shards": 0, "data_s": 0.0, "vocab": None, "step": 0, "train_s": 0.0, "agreement_init": None}
     state.setdefault("dtypes", ["float32"] * state["shards"])  # runs before --teacher-dtype wrote float32
+    state.setdefault("prompt_sets", ["templates"] * state["shards"])  # and before --prompts, templates
     dtype = o.teacher_dtype or fast_dtype(device)
     tok = load_tokenizer(target_dir)
     seed = plan["seed"]
     target = None
+
+    def kinds():
+        return list(zip(state["dtypes"], state["prompt_sets"]))
 
     def load_target():
         nonlocal target
@@ -134,17 +147,20 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
             m = load_target()
             t0 = time.perf_counter()
             samples = teacher.write_shard(m, tok, eos_ids(target_dir, m.config, tok), seed=seed, split=split,
-                                          index=index, batch=plan["batch"], max_new=plan["max_new"])
+                                          index=index, batch=plan["batch"], max_new=plan["max_new"],
+                                          prompt_set=o.prompt_set)
             _save([{k: v for k, v in s.items() if k != "text"} for s in samples], path)
-            if split == "train":  # the held-out shard is written by the first run, in the first shards' dtype
+            if split == "train":  # a held-out shard is written in the dtype of the first run of its prompt set
                 state["dtypes"].append(dtype)
+                state["prompt_sets"].append(o.prompt_set)
             state["data_s"] += time.perf_counter() - t0
             _save(state, state_path)
         return path
 
     # 1. the target writes: a held-out shard (topics never trained on), then training shards
     data_budget = o.minutes * 60 * o.data_share
-    shard("eval", 0)
+    if state["vocab"] is None:
+        shard("eval", teacher.PROMPT_SETS.index(o.prompt_set))
     while state["vocab"] is None and (state["shards"] < o.shards if o.shards is not None
                                       else state["shards"] == 0 or state["data_s"] < data_budget):
         progress("data", *((state["shards"], o.shards) if o.shards is not None else (state["data_s"], data_budget)),
@@ -155,14 +171,14 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
     if state["vocab"] is not None and o.shards is not None and o.shards != state["shards"]:
         say(f"the data was fixed at {state['shards']} shards when training began; --shards {o.shards} is ignored")
     samples = [s for i in range(state["shards"]) for s in torch.load(work / "data" / f"train-{i:05d}.pt")]
-    held_out = torch.load(work / "data" / "eval-00000.pt")
+    held_out = held_out_samples(work)
     written = sum(len(s["ids"]) - s["start"] for s in samples)
     progress("data", 1, 1, f"{state['shards']} shards, {written:,} target-written tokens")
     model_name = o.model or models.DEFAULT_MODEL
     if o.data_only and state["vocab"] is None:
         return {"target": target_dir.name, "shards": state["shards"], "written_tokens": written,
                 "data_minutes": round(state["data_s"] / 60, 2), "dtypes": state["dtypes"],
-                "reproduce": reproduce(out, model_name, plan, state["dtypes"], None)}
+                "prompt_sets": state["prompt_sets"], "reproduce": reproduce(out, model_name, plan, kinds(), None)}
 
     # 2. the draft's head rows (fixed from here on: the data is closed) and its initialisation
     vocab_size = load_config(target_dir).vocab_size
@@ -223,7 +239,8 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
                "agreement": [round(a, 4) for a in train.agreement(model, held_out, head, to_row, device)],
                "loss": None if math.isnan(loss) else round(loss, 4)}
     summary["teacher_dtypes"] = {d: state["dtypes"].count(d) for d in dict.fromkeys(state["dtypes"])}
-    summary["reproduce"] = reproduce(out, model_name, plan, state["dtypes"], state["step"])
+    summary["prompt_sets"] = {p: state["prompt_sets"].count(p) for p in dict.fromkeys(state["prompt_sets"])}
+    summary["reproduce"] = reproduce(out, model_name, plan, kinds(), state["step"])
     drafts.save_draft(model, ids, out, summary)
     return summary
 

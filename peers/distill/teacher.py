@@ -6,8 +6,9 @@ right-padded so positions are plain 0..L-1) to keep its final hidden state at ev
 draft reads at inference (the host holds it after each ring pass) and the target's next-token distribution at
 training time (its LM head over the feature).
 
-A shard is three batches: the target writes requests of its own (self_prompt), answers templated and
-self-written prompts, then answers a follow-up turn on some of those conversations (multi-turn context).
+A shard of the templated prompt set is three batches: the target writes requests of its own (self_prompt),
+answers templated and self-written prompts, then answers a follow-up turn on some of those conversations
+(multi-turn context). A shard of the chat set answers plain chat requests, then the follow-ups.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from transformers import GenerationConfig
 
 from ..chat import render
-from . import prompts
+from . import chat_prompts, prompts
 
 SELF_PROMPT_TOKENS = 64
 READ_BATCH = 16  # conversations per teacher-forcing pass (bounds the attention's memory)
@@ -63,8 +64,11 @@ def answer(model, tok, eos: set[int], convs: list[list[dict]], *, max_new: int, 
             for row, r, f, text in zip(rows, rendered, features(model, rows), texts)]
 
 
+PROMPT_SETS = ("templates", "chat")
+
+
 def write_shard(model, tok, eos: set[int], *, seed: int, split: str, index: int, batch: int,
-                max_new: int) -> list[dict]:
+                max_new: int, prompt_set: str = "templates") -> list[dict]:
     """Shard `index` of `split` ("train" or "eval"): the same samples for the same arguments, on the same device."""
     rng = random.Random(f"{seed}:{split}:{index}")
     temperature = rng.choice([0.0, 0.0, 0.7])  # mostly greedy (what greedy chats meet), some sampled answers
@@ -74,11 +78,14 @@ def write_shard(model, tok, eos: set[int], *, seed: int, split: str, index: int,
         return answer(model, tok, eos, convs, max_new=n, temperature=temperature, seed=base + salt)
 
     user = lambda text: {"role": "user", "content": text}  # noqa: E731
-    requests = ask([[user(prompts.self_prompt(rng, split))] for _ in range(batch // 2)],
-                   min(SELF_PROMPT_TOKENS, max_new), 0)
-    written = [prompts.as_prompt(s["text"]) or prompts.prompt(rng, split) for s in requests]
-    convs = [[user(prompts.prompt(rng, split))] for _ in range(batch - len(written))] + [[user(w)] for w in written]
-    rng.shuffle(convs)
+    if prompt_set == "chat":
+        requests, convs = [], [[user(chat_prompts.prompt(rng, split))] for _ in range(batch)]
+    else:
+        requests = ask([[user(prompts.self_prompt(rng, split))] for _ in range(batch // 2)],
+                       min(SELF_PROMPT_TOKENS, max_new), 0)
+        written = [prompts.as_prompt(s["text"]) or prompts.prompt(rng, split) for s in requests]
+        convs = [[user(prompts.prompt(rng, split))] for _ in range(batch - len(written))] + [[user(w)] for w in written]
+        rng.shuffle(convs)
     answers = ask(convs, max_new, 1)
     more = [c + [{"role": "assistant", "content": a["text"]}, user(prompts.follow_up(rng))]
             for c, a in zip(convs[: batch // 2], answers)]
