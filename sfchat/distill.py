@@ -23,6 +23,8 @@ def add_arguments(p) -> None:
                    help="what the target answers in the shards this run writes: plain chat requests (chat) or the "
                         "templated set of the first drafts")
     p.add_argument("--data-only", action="store_true", help="stop once the data is written; train in a later run")
+    p.add_argument("--reopen", action="store_true",
+                   help="grow data a draft was already trained on to --shards; its training then starts over")
 
 
 def run(args) -> int:
@@ -34,7 +36,8 @@ def run(args) -> int:
     opts = Options(model=args.model, out=args.out, minutes=args.minutes, data_share=args.data_share,
                    shards=args.shards, steps=args.steps, device=args.device, seed=args.seed, layers=args.layers,
                    vocab=args.vocab, batch=args.batch, max_new=args.max_new, teacher_dtype=args.teacher_dtype,
-                   prompt_set=args.prompt_set, data_only=args.data_only)
+                   prompt_set=args.prompt_set, data_only=args.data_only,
+                   reopen=args.reopen)
     console = Console(stderr=True)
     labels = {"data": "target writes", "train": "draft learns"}
     with Progress(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),

@@ -163,8 +163,9 @@ def test_resume_and_seed_give_the_same_weights(drafts, tiny_llama, tmp_path):
 
 
 def test_data_of_two_kinds_is_reproduced_by_the_printed_commands(tiny_llama, tmp_path, capsys):
-    """Two --data-only runs (float32 templated shards, then bfloat16 chat shards) and a training run; the summary's
-    commands, run as printed into another directory, give the same weights."""
+    """Two --data-only runs (float32 templated shards, then bfloat16 chat shards), a training run, then --reopen
+    for one more chat shard and training again; the summary's commands, run as printed into another directory,
+    give the same weights."""
     from sfchat.cli import parser
     from sfchat.distill import run as cli_run
 
@@ -177,9 +178,19 @@ def test_data_of_two_kinds_is_reproduced_by_the_printed_commands(tiny_llama, tmp
     assert summary["prompt_sets"] == {"templates": 2, "chat": 1}
     held_out = sorted(p.name for p in (tmp_path / "a" / "work" / "data").glob("eval-*.pt"))
     assert held_out == ["eval-00000.pt", "eval-00001.pt"]  # one per prompt set: templates, chat
+    trained_on_3 = load_file(tmp_path / "a" / "model.safetensors")
+    closed, _ = run(tiny_llama, tmp_path / "a", shards=4, steps=4)  # without --reopen the data stays closed
+    assert closed["shards"] == 3 and closed["steps"] == 4
+    with pytest.raises(ValueError, match="--reopen needs --shards"):
+        run(tiny_llama, tmp_path / "a", steps=4, reopen=True)
+    summary, events = run(tiny_llama, tmp_path / "a", shards=4, steps=4, teacher_dtype="bfloat16",
+                          prompt_set="chat", reopen=True)
+    assert [e[1] for e in events if e[0] == "train"] == [1, 2, 3, 4]  # training started over, on 4 shards
+    assert summary["shards"] == 4 and summary["prompt_sets"] == {"templates": 2, "chat": 2}
+    assert not torch.equal(load_file(tmp_path / "a" / "model.safetensors")["fc.weight"], trained_on_3["fc.weight"])
     commands = summary["reproduce"].split(" && ")
     assert commands[0].endswith("--teacher-dtype float32 --prompts templates --shards 2 --data-only")
-    assert commands[1].endswith("--teacher-dtype bfloat16 --prompts chat --shards 3 --steps 4") and len(commands) == 2
+    assert commands[1].endswith("--teacher-dtype bfloat16 --prompts chat --shards 4 --steps 4") and len(commands) == 2
     for command in commands:
         args = parser().parse_args(command.replace(str(tmp_path / "a"), str(tmp_path / "b")).split()[1:])
         args.device, args.batch = "cpu", 8
@@ -187,8 +198,8 @@ def test_data_of_two_kinds_is_reproduced_by_the_printed_commands(tiny_llama, tmp
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     state = json.loads((tmp_path / "b" / "work" / "state.json").read_text())
-    assert state["dtypes"] == ["float32"] * 2 + ["bfloat16"]
-    assert state["prompt_sets"] == ["templates"] * 2 + ["chat"]
+    assert state["dtypes"] == ["float32"] * 2 + ["bfloat16"] * 2
+    assert state["prompt_sets"] == ["templates"] * 2 + ["chat"] * 2
 
 
 def test_chat_prompts_keep_held_out_subjects_and_the_measured_prompts_out_of_training():
