@@ -84,7 +84,9 @@ if [ -n "$EXPECT" ]; then pane | grep -qF "$EXPECT" || fail "the answer does not
 pane | grep -Eq "tok/round +[0-9]" || fail "no tokens per round in the stats panel"
 
 tmux send-keys -t "$SESSION" C-u
+wait_for "▊  Ask anything" 10  # the typed-while-generating keys are cleared before the command is typed
 tmux send-keys -t "$SESSION" -l "/temp 0.5"
+wait_for "▊  /temp 0.5" 10
 tmux send-keys -t "$SESSION" Enter
 sleep 1
 grep -q "temperature = 0.5" "$SFCHAT_CONFIG_DIR/settings.toml" || fail "/temp did not reach the settings file"
