@@ -36,8 +36,7 @@ def run(args) -> int:
     opts = Options(model=args.model, out=args.out, minutes=args.minutes, data_share=args.data_share,
                    shards=args.shards, steps=args.steps, device=args.device, seed=args.seed, layers=args.layers,
                    vocab=args.vocab, batch=args.batch, max_new=args.max_new, teacher_dtype=args.teacher_dtype,
-                   prompt_set=args.prompt_set, data_only=args.data_only,
-                   reopen=args.reopen)
+                   prompt_set=args.prompt_set, data_only=args.data_only, reopen=args.reopen)
     console = Console(stderr=True)
     labels = {"data": "target writes", "train": "draft learns"}
     with Progress(TextColumn("{task.description:<14}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
