@@ -25,14 +25,15 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGKILL])
-def test_no_orphans(sig, tiny_llama):
+def test_no_orphans(sig, tiny_llama, tmp_path):
+    log = open(tmp_path / "host.log", "w+")  # the host's own account, shown if the ring is not what we expect
     p = subprocess.Popen([sys.executable, "-m", "sfchat", "ask", "hello world " * 20, "--model", str(tiny_llama),
                           "--local-peers", "2", "--max-new-tokens", "100000", "--draft", "none"],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         stdout=subprocess.PIPE, stderr=log, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     try:
         p.stdout.read(1)  # the answer is streaming: the ring is up
         kids = children_of(p.pid)
-        assert len(kids) == 2
+        assert len(kids) == 2, f"{len(kids)} local peers; the host said: {(tmp_path / 'host.log').read_text()}"
         p.send_signal(sig)
         p.wait(timeout=20)
         deadline = time.time() + 15
@@ -41,3 +42,4 @@ def test_no_orphans(sig, tiny_llama):
         assert not any(alive(k) for k in kids)
     finally:
         p.kill()
+        log.close()
