@@ -270,10 +270,10 @@ class ChatScreen(Screen):
         self.set_status(f"the ring broke ({msg.error}); re-planning and replaying…", error=True)
 
     async def on_answer_done(self, msg: AnswerDone) -> None:
-        self.answering = False
         self.drafter_name = msg.drafter
         self.show_settings()
         if msg.n != self.live:  # the answer of a chat no longer shown (stopped by /new or reopening)
+            self.answering = False
             self.set_status("ready")
             return
         await self.end_stream(msg.text)
@@ -282,11 +282,12 @@ class ChatScreen(Screen):
         self.last_answer = msg.text
         self.conv.messages = msg.messages
         self.save()
+        self.answering = False  # only now: ending the stream yields, and the answer is whole once this is False
         self.set_status("stopped" if msg.finish == "stopped" else "ready")
 
     async def on_answer_failed(self, msg: AnswerFailed) -> None:
-        self.answering = False
         if msg.n != self.live:
+            self.answering = False
             self.set_status("ready")
             return
         await self.end_stream()
@@ -295,6 +296,7 @@ class ChatScreen(Screen):
         self.live = None
         self.conv.messages = msg.messages
         self.save()
+        self.answering = False
         self.set_status(f"the answer failed: {msg.error}", error=True)
 
     async def on_engine_failed(self, msg: EngineFailed) -> None:
