@@ -12,7 +12,8 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, help="seed of prompts, sampling and training (0)")
     p.add_argument("--data-share", type=float, default=0.75, help="part of the budget spent writing data (0.75)")
     p.add_argument("--shards", type=int, help="write exactly N training shards (instead of the time budget)")
-    p.add_argument("--steps", type=int, help="train exactly N steps (instead of the time budget)")
+    p.add_argument("--steps", type=int, help="train to exactly N steps in all (instead of the time budget); "
+                   "a larger N continues a trained draft (a new leg of its schedule)")
     p.add_argument("--layers", type=int, help="decoder layers of the draft, initialised from the target's last ones (1)")
     p.add_argument("--vocab", type=int, help="the draft's vocabulary: most frequent target tokens (8192)")
     p.add_argument("--batch", type=int, help="conversations the target answers at once (128 on a CPU, 256 on CUDA)")

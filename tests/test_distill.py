@@ -164,8 +164,8 @@ def test_resume_and_seed_give_the_same_weights(drafts, tiny_llama, tmp_path):
 
 def test_data_of_two_kinds_is_reproduced_by_the_printed_commands(tiny_llama, tmp_path, capsys):
     """Two --data-only runs (float32 templated shards, then bfloat16 chat shards), a training run, then --reopen
-    for one more chat shard and training again; the summary's commands, run as printed into another directory,
-    give the same weights."""
+    for one more chat shard and training again, then training continued to more steps; the summary's commands,
+    run as printed into another directory, give the same weights."""
     from sfchat.cli import parser
     from sfchat.distill import run as cli_run
 
@@ -188,9 +188,12 @@ def test_data_of_two_kinds_is_reproduced_by_the_printed_commands(tiny_llama, tmp
     assert [e[1] for e in events if e[0] == "train"] == [1, 2, 3, 4]  # training started over, on 4 shards
     assert summary["shards"] == 4 and summary["prompt_sets"] == {"templates": 2, "chat": 2}
     assert not torch.equal(load_file(tmp_path / "a" / "model.safetensors")["fc.weight"], trained_on_3["fc.weight"])
+    summary, events = run(tiny_llama, tmp_path / "a", steps=6)  # a second leg, decaying to its own end
+    assert [e[1] for e in events if e[0] == "train"] == [5, 6]
     commands = summary["reproduce"].split(" && ")
     assert commands[0].endswith("--teacher-dtype float32 --prompts templates --shards 2 --data-only")
-    assert commands[1].endswith("--teacher-dtype bfloat16 --prompts chat --shards 4 --steps 4") and len(commands) == 2
+    assert commands[1].endswith("--teacher-dtype bfloat16 --prompts chat --shards 4 --steps 4")
+    assert commands[2].endswith("--teacher-dtype bfloat16 --prompts chat --shards 4 --steps 6") and len(commands) == 3
     for command in commands:
         args = parser().parse_args(command.replace(str(tmp_path / "a"), str(tmp_path / "b")).split()[1:])
         args.device, args.batch = "cpu", 8

@@ -4,7 +4,8 @@ Everything lives in OUT/work (ignored by git): plan.json (the recipe; a re-run m
 far each phase got), data/*.pt (shards of target-written samples), ckpt.pt (draft and optimizer). A re-run
 continues where the last one stopped. The budget is --minutes, split between writing data and training
 (--data-share); --shards / --steps replace it with exact counts, which is how a draft is reproduced: same seed,
-same shards, same steps -> the same weights (on a CPU; CUDA kernels need not be bitwise deterministic).
+same shards, same steps -> the same weights (on a CPU; CUDA kernels need not be bitwise deterministic). A
+trained draft can be trained on with a larger --steps (a new leg of the schedule; state.json keeps the legs).
 --data-only stops once the data is written (training may follow later, even on another machine); the data stays
 open to more shards until training begins, and --reopen opens it again (the trained draft's checkpoint is
 dropped: the head rows and the training are redone on all the data, so the reproducing commands still hold).
@@ -77,17 +78,18 @@ def fast_dtype(device: str) -> str:
     return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
 
 
-def reproduce(out: Path, model: str, plan: dict, kinds: list[tuple[str, str]], steps: int | None) -> str:
-    """The commands that rewrite this data (one per run of shards of one kind: (dtype, prompt set)) and, given
-    steps, train."""
+def reproduce(out: Path, model: str, plan: dict, kinds: list[tuple[str, str]], legs: list[int]) -> str:
+    """The commands that rewrite this data (one per run of shards of one kind: (dtype, prompt set)) and train it
+    in legs: one run per --steps the training was continued to (each decays its rate to its own end)."""
     def command(shards, kind, tail):
         return (f"sfchat distill --model {model} --out {out} --seed {plan['seed']} --layers {plan['layers']} "
                 f"--vocab {plan['vocab']} --batch {plan['batch']} --max-new-tokens {plan['max_new']} "
                 f"--teacher-dtype {kind[0]} --prompts {kind[1]} --shards {shards} {tail}")
     ends = [i + 1 for i in range(len(kinds)) if i + 1 == len(kinds) or kinds[i + 1] != kinds[i]]
     lines = [command(end, kinds[end - 1], "--data-only") for end in ends]
-    if steps is not None:
-        lines[-1] = lines[-1].replace("--data-only", f"--steps {steps}")
+    if legs:
+        lines[-1] = lines[-1].replace("--data-only", f"--steps {legs[0]}")
+        lines += [command(len(kinds), kinds[-1], f"--steps {steps}") for steps in legs[1:]]
     return " && ".join(lines)
 
 
@@ -127,12 +129,13 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
         {"shards": 0, "data_s": 0.0, "vocab": None, "step": 0, "train_s": 0.0, "agreement_init": None}
     state.setdefault("dtypes", ["float32"] * state["shards"])  # runs before --teacher-dtype wrote float32
     state.setdefault("prompt_sets", ["templates"] * state["shards"])  # and before --prompts, templates
+    state.setdefault("legs", [state["step"]] if state["step"] else [])  # and before legs, one --steps run
     if o.reopen and o.shards is None:
         raise ValueError("--reopen needs --shards: the number of shards the data is to grow to")
     # only while more shards are asked for, so that the same command run again resumes the new training
     if o.reopen and state["vocab"] is not None and o.shards > state["shards"]:  # head rows come from all the data
         (work / "ckpt.pt").unlink(missing_ok=True)
-        state.update(vocab=None, step=0, train_s=0.0, agreement_init=None)
+        state.update(vocab=None, step=0, train_s=0.0, agreement_init=None, legs=[])
         _save(state, state_path)
         say(f"the data is open again at {state['shards']} shards; the draft trained on them is dropped and "
             "training starts over (the exported draft stays until then)")
@@ -190,7 +193,7 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
     if o.data_only and state["vocab"] is None:
         return {"target": target_dir.name, "shards": state["shards"], "written_tokens": written,
                 "data_minutes": round(state["data_s"] / 60, 2), "dtypes": state["dtypes"],
-                "prompt_sets": state["prompt_sets"], "reproduce": reproduce(out, model_name, plan, kinds(), None)}
+                "prompt_sets": state["prompt_sets"], "reproduce": reproduce(out, model_name, plan, kinds(), [])}
 
     # 2. the draft's head rows (fixed from here on: the data is closed) and its initialisation
     vocab_size = load_config(target_dir).vocab_size
@@ -224,6 +227,8 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
     # 3. training
     train_budget = max(o.minutes * 60 - state["data_s"], 0.0)
     done = (lambda: state["step"] >= o.steps) if o.steps is not None else (lambda: state["train_s"] >= train_budget)
+    if o.steps is not None and state["step"] < o.steps and state["legs"][-1:] != [o.steps]:
+        state["legs"].append(o.steps)  # a new leg: its steps decay to o.steps (a resumed leg is the same one)
     last_save, loss, between_steps = time.monotonic(), math.nan, True
     try:
         while not done():
@@ -252,7 +257,8 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
                "loss": None if math.isnan(loss) else round(loss, 4)}
     summary["teacher_dtypes"] = {d: state["dtypes"].count(d) for d in dict.fromkeys(state["dtypes"])}
     summary["prompt_sets"] = {p: state["prompt_sets"].count(p) for p in dict.fromkeys(state["prompt_sets"])}
-    summary["reproduce"] = reproduce(out, model_name, plan, kinds(), state["step"])
+    # an interrupted leg is named whole: its command finishes it; a time-budget run is named by its steps
+    summary["reproduce"] = reproduce(out, model_name, plan, kinds(), state["legs"] or [state["step"]])
     drafts.save_draft(model, ids, out, summary)
     return summary
 
