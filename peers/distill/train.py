@@ -9,8 +9,8 @@ draft after the first reads the draft's own guess, and this teaches it to keep g
 Step j's batch is drawn by a generator seeded with (seed, j), and the learning rate depends on j alone, so a
 run resumed from a checkpoint takes exactly the steps an uninterrupted one would: same seed, same data, same
 number of steps -> the same weights (bit for bit on a CPU). A run given --steps decays its rate to that end;
-continuing it with a larger --steps starts a new leg (the rate rises again and decays to the new end), and the
-reproducing commands name every leg.
+continuing it with a larger --steps starts a new leg (the rate jumps to where a run of the new length has it,
+then decays to the new end), and the reproducing commands name every leg.
 """
 from __future__ import annotations
 
