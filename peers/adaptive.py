@@ -16,6 +16,14 @@ K = 1 rounds show.) base_ms and verify_ms are the intercept and slope of a
 least-squares line through recent (K, pass time) pairs, with older rounds weighted down exponentially; while K
 has not varied enough to see a slope, the last slope (at first 0) stands. When K = 0 is best (a draft too weak or
 too dear for this link), one round in EXPLORE_EVERY still drafts once, so that alpha keeps being measured.
+
+A drafter that knows how sure it is of each token (the feature draft: its top probability) does better than one K
+for every round: acceptance is not the same everywhere (a list, code or a repeated phrase is easy, a new sentence
+is not). Drafting one more token whose chance of being accepted, with every draft before it, is P adds P tokens to
+a round and verify_ms + draft_ms to its cost; that raises tokens per ms exactly when P > R * (verify_ms + draft_ms),
+R being the tokens per ms rounds make now. So such a drafter drafts while the product of its confidences stays
+above that floor (up to k_max), and R is measured over recent rounds: thresholding at the current rate and
+re-measuring climbs to the best rate (as Dinkelbach's method does for a ratio).
 """
 from __future__ import annotations
 
@@ -48,6 +56,8 @@ class KPolicy:
     rounds: int = 0
     # exponentially weighted sums for the line pass_ms = base_ms + verify_ms * K: weight, K, K^2, ms, K*ms
     _sums: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+    made: float = 0.0  # exponentially weighted tokens committed per round ...
+    spent: float = 0.0  # ... and pass ms per round: their ratio is R, the rate rounds make now
 
     @property
     def alpha(self) -> float:
@@ -63,6 +73,13 @@ class KPolicy:
             return 1
         return k
 
+    def plan(self, draft_ms: float, confident: bool = False) -> tuple[int, float]:
+        """(K, floor): draft K tokens, or with a drafter that reports its confidence and once rounds have been
+        measured, up to k_max of them while the product of its confidences stays at or above floor."""
+        if not confident or self.pinned is not None or self.spent <= 0:
+            return self.choose(draft_ms), 0.0
+        return self.k_max, self.made / self.spent * (self.verify_ms + draft_ms)
+
     def update(self, drafted: int, accepted: int, round_ms: float, positions: int | None = None) -> None:
         """One round: `positions` is how many the pass carried (1 + drafted unless it also caught up on a
         prompt); passes much longer than any round (a prompt's prefill, a replay) say nothing about K."""
@@ -73,6 +90,8 @@ class KPolicy:
         k = float(drafted if positions is None else positions - 1)
         if k > self.k_max:
             return
+        self.made = self.keep * self.made + accepted + 1
+        self.spent = self.keep * self.spent + round_ms
         w, sk, skk, sr, skr = (self.keep * s for s in self._sums)
         self._sums = (w + 1, sk + k, skk + k * k, sr + round_ms, skr + k * round_ms)
         w, sk, skk, sr, skr = self._sums
@@ -81,3 +100,15 @@ class KPolicy:
         if var_k >= MIN_K_VARIANCE:
             self.verify_ms = max((skr / w - mean_k * mean_r) / var_k, 0.0)
         self.base_ms = max(mean_r - self.verify_ms * mean_k, 1e-3)
+
+
+class LinkPolicy(KPolicy):
+    """The policy as it would see rounds over a link that adds `rtt_ms` to every ring pass (a measurement on one
+    machine of the choices a wide-area ring would make)."""
+
+    def __init__(self, rtt_ms: float, **kw):
+        super().__init__(**kw)
+        self.rtt_ms = rtt_ms
+
+    def update(self, drafted, accepted, round_ms, positions=None):
+        super().update(drafted, accepted, round_ms + self.rtt_ms, positions)

@@ -31,9 +31,15 @@ def common_prefix(a: list, b: list, limit: int | None = None) -> int:
 class Drafter:
     name = "none"
     ms_per_token = 0.0  # measured cost of one drafted token (moving average)
+    tokens_made, ms_spent = 0, 0.0  # every token proposed and the time it took, for measurements
+    confident = False  # True: propose() honours floor and reports self.confidence
+    confidence: tuple[float, ...] | list[float] = ()
 
-    def propose(self, context: list[int], n: int, params: SamplingParams,
-                stop: threading.Event | None = None) -> tuple[list[int], torch.Tensor | None]:
+    def propose(self, context: list[int], n: int, params: SamplingParams, stop: threading.Event | None = None,
+                floor: float = 0.0, prior: float = 1.0) -> tuple[list[int], torch.Tensor | None]:
+        """Up to n tokens. A confident drafter also sets self.confidence: for each token, its chance (by its own
+        reckoning) that the target accepts it and every draft before it, times `prior` (the chance of the drafts
+        this call continues); it stops after the first token whose chance falls below `floor`."""
         return [], None
 
     def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
@@ -44,6 +50,8 @@ class Drafter:
         if n:
             ms = seconds * 1e3 / n
             self.ms_per_token = ms if not self.ms_per_token else 0.8 * self.ms_per_token + 0.2 * ms
+            self.tokens_made += n
+            self.ms_spent += seconds * 1e3
 
 
 class NgramDrafter(Drafter):
@@ -54,7 +62,7 @@ class NgramDrafter(Drafter):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, context, n, params, stop=None):
+    def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
         t0 = time.perf_counter()
         out = lookup(context, n, self.max_ngram, self.min_ngram)
         self._measure(time.perf_counter() - t0, max(len(out), 1))
@@ -129,7 +137,7 @@ class ModelDrafter(Drafter):
         self._feed(context[common:])
 
     @torch.inference_mode()
-    def propose(self, context, n, params, stop=None):
+    def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
         if n <= 0:
             return [], None
         t0 = time.perf_counter()

@@ -29,6 +29,7 @@ class Ahead:
     context: list[int]
     tokens: list[int] = field(default_factory=list)
     q: torch.Tensor | None = None
+    sure: list[float] = field(default_factory=list)  # the drafter's confidence in each token and all before it
     ms: float = 0.0
 
 
@@ -55,22 +56,28 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             break
         t_round = time.perf_counter()
         left = max_new_tokens - (len(tokens) - start)
-        k = min(policy.choose(drafter.ms_per_token), left - 1) if drafter.name != "none" else 0
+        # K drafts, or up to K while the drafter's confidence stays above the floor (peers/adaptive.py)
+        k, floor = policy.plan(drafter.ms_per_token, drafter.confident) if drafter.name != "none" else (0, 0.0)
+        k = min(k, left - 1)
         # one draft more than K, the guess at the target's bonus token, when a look-ahead can build on it (it
         # drafts while the round is on the wire: a ring with peers)
         want = k + 1 if overlap and host.ring and k > 0 else k
         # drafts: what the look-ahead made, if its assumption came true, then more if needed
-        drafts, q, hidden_ms = [], None, 0.0
+        drafts, q, sure, hidden_ms = [], None, [], 0.0
         if ahead is not None and ahead.context == tokens and ahead.tokens:
             used = min(len(ahead.tokens), want)
             drafts, q = ahead.tokens[:used], (ahead.q[:used] if ahead.q is not None else None)
-            hidden_ms = ahead.ms * used / len(ahead.tokens)
+            sure, hidden_ms = list(ahead.sure[:used]), ahead.ms * used / len(ahead.tokens)
         t0 = time.perf_counter()
-        if len(drafts) < want:
-            more, mq = await trio.to_thread.run_sync(drafter.propose, tokens + drafts, want - len(drafts), params)
+        if len(drafts) < want and not (sure and sure[-1] < floor):
+            more, mq = await trio.to_thread.run_sync(drafter.propose, tokens + drafts, want - len(drafts), params,
+                                                     None, floor, sure[-1] if sure else 1.0)
             drafts += more
+            sure += list(drafter.confidence)
             q = mq if q is None else (torch.cat([q, mq]) if mq is not None else q)
         draft_ms = (time.perf_counter() - t0) * 1e3
+        if floor:  # the drafts it is sure enough of; the first one below the floor is only a guess
+            k = min(k, sum(s >= floor for s in sure))  # (confidences only fall along a draft)
         guess = drafts[k] if len(drafts) > k else None  # the draft's bet on the target's bonus token
         drafts = drafts[:k]
         q = q[: len(drafts)] if q is not None else None
@@ -80,7 +87,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
         failure = None
         async with trio.open_nursery() as nursery:
             if ahead is not None:
-                nursery.start_soon(_look_ahead, drafter, ahead, k + 1, params, stop, sent)
+                nursery.start_soon(_look_ahead, drafter, ahead, want, floor, params, stop, sent)
             try:
                 logits, timing = await host.forward(rs, tokens, drafts, sent=sent)
             except RingError as e:  # caught here, not outside: the nursery would wrap it in a group
@@ -132,12 +139,13 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
     return Result(tokens[start:], finish, stats, rounds)
 
 
-async def _look_ahead(drafter: Drafter, ahead: Ahead, n: int, params: SamplingParams, stop: threading.Event,
-                      sent: trio.Event) -> None:
+async def _look_ahead(drafter: Drafter, ahead: Ahead, n: int, floor: float, params: SamplingParams,
+                      stop: threading.Event, sent: trio.Event) -> None:
     # only once the frame is on the wire: before that the host computes its own layers, on the same cores
     await sent.wait()
     if stop.is_set():
         return
     t0 = time.perf_counter()
-    ahead.tokens, ahead.q = await trio.to_thread.run_sync(drafter.propose, ahead.context, n, params, stop)
+    ahead.tokens, ahead.q = await trio.to_thread.run_sync(drafter.propose, ahead.context, n, params, stop, floor)
+    ahead.sure = list(drafter.confidence)
     ahead.ms = (time.perf_counter() - t0) * 1e3

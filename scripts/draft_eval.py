@@ -9,6 +9,11 @@ each round took that much longer than it did here; 0 gives the choice for a ring
 CPU each drafted token's verification costs a good part of a target forward and K stays small.
 Each prompt is answered greedily twice, with the draft and with none; the answers must be identical (a draft
 only changes speed), and the draft-less run's rounds give the cost of one target forward (one token).
+
+The draft's cost is given two ways: its time per draft the ring verified (what a round pays for each) and per
+token it computed (its own speed: with a confidence floor a round also computes the first token below the floor,
+which only a ring's look-ahead uses). speedup_over_link: tokens/s with the draft over tokens/s without, both
+with rtt_ms added to every round, in this same run.
 """
 from __future__ import annotations
 
@@ -22,22 +27,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peers.adaptive import KPolicy  # noqa: E402
+from peers.adaptive import LinkPolicy  # noqa: E402
 from peers.chat import Chat  # noqa: E402
 from peers.drafters import Drafter  # noqa: E402
 from peers.sampling import SamplingParams  # noqa: E402
 from sfchat.runtime import drafter_for, open_ring  # noqa: E402
-
-
-class LinkPolicy(KPolicy):
-    """The host's K policy as it would see rounds over a link that adds `rtt_ms` to every ring pass."""
-
-    def __init__(self, rtt_ms: float):
-        super().__init__()
-        self.rtt_ms = rtt_ms
-
-    def update(self, drafted, accepted, round_ms, positions=None):
-        super().update(drafted, accepted, round_ms + self.rtt_ms, positions)
 
 
 # chat prompts written for this check, not drawn from the distillation's templates or topics
@@ -55,6 +49,12 @@ PROMPTS = [
 ]
 
 
+def over_link(result, rtt_ms: float) -> float:
+    """Tokens per second had every round (prefill excluded) also crossed a link of rtt_ms."""
+    rounds = result.rounds[1:]
+    return sum(r["committed"] for r in rounds) * 1e3 / sum(r["round_ms"] + rtt_ms for r in rounds)
+
+
 async def run(args) -> dict:
     ns = argparse.Namespace(model=None, dtype="float32", quant="none", device="cpu", local_peers=0, draft=args.draft)
     rows = []
@@ -62,11 +62,13 @@ async def run(args) -> dict:
         drafter = drafter_for(ns, ring)
         for prompt in PROMPTS:
             out = {}
+            made, spent = drafter.tokens_made, drafter.ms_spent
             for name, d in (("draft", drafter), ("none", Drafter())):
                 chat = Chat(ring.host, ring.tokenizer, ring.eos)
                 _, r = await chat.reply(prompt, drafter=d, params=SamplingParams(), policy=LinkPolicy(args.rtt_ms),
                                         max_new_tokens=args.max_new_tokens)
                 out[name] = r
+            made, spent = drafter.tokens_made - made, drafter.ms_spent - spent
             d, n = out["draft"], out["none"]
             if d.token_ids != n.token_ids:
                 raise SystemExit(f"the draft changed the answer to {prompt!r}")
@@ -76,11 +78,15 @@ async def run(args) -> dict:
                          "acceptance": s["acceptance"] or 0.0, "mean_k": statistics.mean(r["k"] for r in rounds),
                          "draft_ms_per_token": sum(r["draft_ms"] + r["hidden_draft_ms"] for r in rounds)
                          / max(sum(r["drafted"] for r in rounds), 1),
-                         "target_ms_per_forward": statistics.median(r["host_ms"] for r in n.rounds[1:])})
+                         "draft_ms_per_computed_token": spent / max(made, 1),
+                         "target_ms_per_forward": statistics.median(r["host_ms"] for r in n.rounds[1:]),
+                         "speedup_over_link": over_link(d, args.rtt_ms) / over_link(n, args.rtt_ms)})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     med = {k: statistics.median(r[k] for r in rows) for k in
-           ("tokens_per_round", "acceptance", "mean_k", "draft_ms_per_token", "target_ms_per_forward")}
+           ("tokens_per_round", "acceptance", "mean_k", "draft_ms_per_token", "draft_ms_per_computed_token",
+            "target_ms_per_forward", "speedup_over_link")}
     med["draft_cost_fraction"] = med["draft_ms_per_token"] / med["target_ms_per_forward"]
+    med["computed_cost_fraction"] = med["draft_ms_per_computed_token"] / med["target_ms_per_forward"]
     return {"drafter": drafter.name, "rtt_ms": args.rtt_ms, "median": med, "rows": rows}
 
 
@@ -95,8 +101,10 @@ def main() -> None:
     m = doc["median"]
     print(f"{doc['drafter']}, K chosen for {args.rtt_ms:g} ms: median over {len(doc['rows'])} prompts: "
           f"{m['tokens_per_round']:.2f} tokens/round, "
-          f"acceptance {m['acceptance']:.3f}, K {m['mean_k']:.1f}, draft {m['draft_ms_per_token']:.2f} ms/token = "
-          f"{100 * m['draft_cost_fraction']:.1f}% of a target forward ({m['target_ms_per_forward']:.1f} ms)")
+          f"acceptance {m['acceptance']:.3f}, K {m['mean_k']:.1f}, draft {m['draft_ms_per_token']:.2f} ms per "
+          f"verified draft = {100 * m['draft_cost_fraction']:.1f}% of a target forward "
+          f"({m['target_ms_per_forward']:.1f} ms), {m['draft_ms_per_computed_token']:.2f} ms per token computed = "
+          f"{100 * m['computed_cost_fraction']:.1f}%; {m['speedup_over_link']:.2f}x no draft over the link")
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))
 

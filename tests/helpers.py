@@ -94,11 +94,13 @@ async def check_logits_follow(host, ref, tokens: list[int], steps: int) -> list[
     return tokens
 
 
-async def answer(model, draft_spec, *, prompt: str, k=None, params=None, max_new: int = 24, peers: int = 0):
-    """One answer through a host with `peers` peer processes (default none) speculating with `draft_spec`."""
+async def answer(model, draft_spec, *, prompt: str, k=None, params=None, max_new: int = 24, peers: int = 0,
+                 policy=None):
+    """One answer through a host with `peers` peer processes (default none) speculating with `draft_spec`
+    (K pinned to k, or adaptive; or chosen by `policy`)."""
     async with running_ring(model, peers) as (host, _):
         chat = new_chat(host)
         drafter = make_drafter(draft_spec, host.model_dir, host.config.vocab_size, chat.tokenizer)
-        _, r = await chat.reply(prompt, drafter=drafter, params=params or SamplingParams(), policy=KPolicy(pinned=k),
-                                max_new_tokens=max_new)
+        _, r = await chat.reply(prompt, drafter=drafter, params=params or SamplingParams(),
+                                policy=policy or KPolicy(pinned=k), max_new_tokens=max_new)
     return r

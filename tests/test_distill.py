@@ -12,9 +12,10 @@ import trio
 from safetensors.torch import load_file
 
 from helpers import ROOT, answer, reference_ids
+from peers.adaptive import LinkPolicy
 from peers.chat import load_tokenizer
 from peers.distill import FeatureDrafter, shipped_draft
-from peers.distill.draft import target_head
+from peers.distill.draft import COPY_WEIGHT, target_head
 from peers.distill.pipeline import Options, distill, held_out_samples
 from peers.drafters import NgramDrafter, make_drafter
 from peers.sampling import SamplingParams
@@ -289,7 +290,50 @@ def test_where_the_context_repeats_the_draft_copies_what_followed(drafts, tiny_l
     d = make_drafter(str(drafts["trained"]), tiny_llama, 300, tok)
     d.observe(0, context[:-1], target_features(tiny_llama, context[:-1]))
     assert d.propose(context, 3, SamplingParams())[0] == ids[3:6]
-    tokens, q = d.propose(context, 3, SamplingParams(0.8, seed=1))  # sampling: proposed with certainty
-    assert tokens == ids[3:6] and torch.equal(q, torch.nn.functional.one_hot(torch.tensor(ids[3:6]), 300).float())
+    # sampling: the copy holds COPY_WEIGHT of q, the draft's own distribution the rest
+    tokens, q = d.propose(context, 3, SamplingParams(0.8, seed=1))
+    assert torch.allclose(q.sum(-1), torch.ones(3))
+    assert q[0, ids[3]] >= COPY_WEIGHT and d.confidence[0] == pytest.approx(float(q[0].max()))
     d.copy = False
     assert d.propose(context, 3, SamplingParams())[0] != ids[3:6]
+
+
+def test_a_confidence_floor_ends_a_draft_where_the_draft_stops_being_sure(drafts, tiny_llama):
+    """Each token's confidence is the draft's chance that it and every draft before it are accepted (so it only
+    falls), times the chance of the drafts a call continues; drafting stops after the first below the floor."""
+    tok = load_tokenizer(tiny_llama)
+    ids = tok.encode(PROMPT)
+    d = make_drafter(str(drafts["trained"]), tiny_llama, 300, tok)
+    d.observe(0, ids[:-1], target_features(tiny_llama, ids)[:-1])
+    tokens, _ = d.propose(ids, 8, SamplingParams())
+    sure = list(d.confidence)
+    assert len(sure) == len(tokens) == 8 and all(0 < b <= a <= 1 for a, b in zip([1.0] + sure, sure))
+    floor = (sure[2] + sure[3]) / 2 if sure[3] < sure[2] else sure[3]  # between the 3rd and the 4th
+    cut, _ = d.propose(ids, 8, SamplingParams(), floor=floor)
+    assert cut == tokens[: len(cut)] and d.confidence == pytest.approx(sure[: len(cut)])
+    assert d.confidence[-1] < floor or len(cut) == 8
+    assert all(s >= floor for s in d.confidence[:-1])
+    d.propose(ids, 3, SamplingParams(), prior=0.5)
+    assert d.confidence == pytest.approx([s / 2 for s in sure[:3]])
+
+
+class RecordingPolicy(LinkPolicy):
+    def plan(self, draft_ms, confident=False):
+        self.plans = getattr(self, "plans", []) + [super().plan(draft_ms, confident)]
+        return self.plans[-1]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(0.8, seed=5)])
+def test_speculation_with_the_confidence_floor_through_a_peer_is_exact(drafts, tiny_llama, params):
+    """No --k: once rounds are measured the host drafts up to k_max while the draft is sure enough, and the
+    look-ahead (a peer process: drafting while the round is on the wire) uses the same floor. K as chosen over
+    an 86 ms link: on loopback a tiny target's round costs so little that drafting rarely pays."""
+    policy = RecordingPolicy(86.0)
+    r = trio.run(lambda: answer(tiny_llama, str(drafts["trained"]), prompt=PROMPT, params=params, max_new=48,
+                                peers=1, policy=policy))
+    if params.greedy:
+        assert r.token_ids == reference_ids(tiny_llama, PROMPT, 48)
+    assert len(r.token_ids) == 48 and r.stats.drafted > 0
+    # after the first measured round every plan is (k_max, a floor), and the floor, not k_max, ended the drafts
+    assert all(k == policy.k_max and floor > 0 for k, floor in policy.plans[2:])
+    assert all(rd["k"] < policy.k_max for rd in r.rounds[2:])

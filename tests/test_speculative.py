@@ -154,6 +154,21 @@ def test_adaptive_k_learns_what_each_verified_token_costs():
     assert wan.base_ms == pytest.approx(106.0, rel=0.05)
 
 
+def test_a_confident_drafter_gets_a_floor_at_the_rate_rounds_make_now():
+    """The marginal rule of peers/adaptive.py: one more draft with chance P is worth its cost c = verify_ms +
+    draft_ms when P > R * c, R the tokens per ms rounds make now."""
+    p = KPolicy()
+    assert p.plan(3.0, confident=True) == (p.choose(3.0), 0.0)  # nothing measured yet
+    for k in (2, 4, 2, 4, 2, 4) * 4:
+        p.update(k, 1, 100.0 + 10.0 * k, positions=k + 1)  # two tokens a round
+    rate = 2.0 / (100.0 + 10.0 * 3)  # tokens per ms
+    assert p.verify_ms == pytest.approx(10.0, rel=0.01)
+    k, floor = p.plan(3.0, confident=True)
+    assert k == p.k_max and floor == pytest.approx(rate * 13.0, rel=0.05)
+    assert p.plan(3.0) == (p.choose(3.0), 0.0)  # a drafter with no confidence: one K
+    assert KPolicy(pinned=5).plan(3.0, confident=True) == (5, 0.0)
+
+
 def test_ask_json_reports_speculation(tiny_llama):
     got = ask_json(PROMPT, "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "20",
                    "--draft", str(tiny_llama), "--k", "4")
