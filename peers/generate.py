@@ -11,6 +11,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import trio
@@ -70,8 +71,8 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             sure, hidden_ms = list(ahead.sure[:used]), ahead.ms * used / len(ahead.tokens)
         t0 = time.perf_counter()
         if len(drafts) < want and not (sure and sure[-1] < floor):
-            more, mq = await trio.to_thread.run_sync(drafter.propose, tokens + drafts, want - len(drafts), params,
-                                                     None, floor, sure[-1] if sure else 1.0)
+            propose = partial(drafter.propose, floor=floor, prior=sure[-1] if sure else 1.0)
+            more, mq = await trio.to_thread.run_sync(propose, tokens + drafts, want - len(drafts), params)
             drafts += more
             sure += list(drafter.confidence)
             q = mq if q is None else (torch.cat([q, mq]) if mq is not None else q)
@@ -146,6 +147,7 @@ async def _look_ahead(drafter: Drafter, ahead: Ahead, n: int, floor: float, para
     if stop.is_set():
         return
     t0 = time.perf_counter()
-    ahead.tokens, ahead.q = await trio.to_thread.run_sync(drafter.propose, ahead.context, n, params, stop, floor)
+    propose = partial(drafter.propose, stop=stop, floor=floor)
+    ahead.tokens, ahead.q = await trio.to_thread.run_sync(propose, ahead.context, n, params)
     ahead.sure = list(drafter.confidence)
     ahead.ms = (time.perf_counter() - t0) * 1e3

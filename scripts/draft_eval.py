@@ -1,7 +1,7 @@
 """How well a draft earns its keep on chat prompts it never saw: tokens per round, acceptance and K (the host's
 own adaptive choice), and its cost per drafted token against one full target forward, on this machine.
 
-    python scripts/draft_eval.py [--draft D] [--max-new-tokens N] [--rtt-ms MS] [--json OUT]
+    python scripts/draft_eval.py [--draft D] [--max-new-tokens N] [--rtt-ms MS] [--one-k] [--json OUT]
 
 One in-process host holding the whole model (no peers, no network: this measures the draft, not the ring). K is
 the host's own choice as it would make it over a link of --rtt-ms (default 86, ShardFlow's): the policy is told
@@ -60,6 +60,8 @@ async def run(args) -> dict:
     rows = []
     async with open_ring(ns, announce=False) as ring:
         drafter = drafter_for(ns, ring)
+        if args.one_k:
+            drafter.confident = False  # the policy then picks one K per round, as for any drafter
         for prompt in PROMPTS:
             out = {}
             made, spent = drafter.tokens_made, drafter.ms_spent
@@ -95,6 +97,8 @@ def main() -> None:
     p.add_argument("--draft", help="the drafter (default: the shipped draft, else ngram)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rtt-ms", type=float, default=86.0, help="the link K is chosen for (default 86)")
+    p.add_argument("--one-k", action="store_true",
+                   help="one K per round even for a draft that reports its confidence (to compare)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     doc = trio.run(run, args)

@@ -159,7 +159,8 @@ class FeatureDrafter(Drafter):
     draft 53%; where the two agree (half the time) the target agreed 83% of the time, where they differ it took
     the copy 41% of the time and the draft's choice 22%. A weight of 0.4 picks the copy unless the draft is very
     sure of another token (0.645 right instead of 0.622), and its probabilities match those rates (0.76 where
-    they agree, 0.43 for a disputed copy), which is what the confidence floor needs.
+    they agree, 0.43 for a disputed copy), which is what the confidence floor needs
+    (`python scripts/draft_replay.py --prompts heldout`).
 
     Cache index t holds the draft's keys and values for input (f_t, x_{t+1}). The first `true_len` indices were
     computed from the target's real features; later ones (past what the ring has verified, e.g. while drafting
