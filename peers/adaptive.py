@@ -27,7 +27,7 @@ re-measuring climbs to the best rate (as Dinkelbach's method does for a ratio).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 EXPLORE_EVERY = 8
 MIN_K_VARIANCE = 0.25  # below this spread of recent K, a fitted slope would be noise
@@ -58,6 +58,9 @@ class KPolicy:
     _sums: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
     made: float = 0.0  # exponentially weighted tokens committed per round ...
     spent: float = 0.0  # ... and pass ms per round: their ratio is R, the rate rounds make now
+    passes: dict = field(default_factory=dict)  # positions a pass carried -> its exponentially weighted ms
+    trust: float = 1.0  # drafts accepted over the number the drafter's confidences promised (greedy rounds)
+    _promised: tuple[float, float] = (0.0, 0.0)  # exponentially weighted (accepted, promised)
 
     @property
     def alpha(self) -> float:
@@ -75,23 +78,56 @@ class KPolicy:
 
     def plan(self, draft_ms: float, confident: bool = False) -> tuple[int, float]:
         """(K, floor): draft K tokens, or with a drafter that reports its confidence and once rounds have been
-        measured, up to k_max of them while the product of its confidences stays at or above floor."""
+        measured, up to k_max of them while the product of its confidences stays at or above floor (the
+        confidences as measured: divided by how far they have promised more than was accepted)."""
         if not confident or self.pinned is not None or self.spent <= 0:
             return self.choose(draft_ms), 0.0
-        return self.k_max, self.made / self.spent * (self.verify_ms + draft_ms)
+        return self.k_max, self.made / self.spent * (self.verify_ms + draft_ms) / self.trust
 
-    def update(self, drafted: int, accepted: int, round_ms: float, positions: int | None = None) -> None:
+    def pass_ms(self, positions: int) -> float:
+        """What a pass carrying `positions` costs: as measured where passes of that size were seen (on a CPU the
+        cost steps up where the matrix kernels change: here 4 positions cost 14 ms more than 3, then about 3 ms
+        each), else from the fitted line."""
+        if positions in self.passes:
+            return self.passes[positions]
+        return self.base_ms + self.verify_ms * (positions - 1)
+
+    def select(self, sure: list[float], pending: int = 1) -> int:
+        """How many of the likeliest of these drafts (their chances, each with its ancestors') to verify in a pass
+        that also carries `pending` tokens: n maximising (1 + trust * the n largest chances summed) /
+        pass_ms(pending + n), the expected tokens per ms of the round. (Greedy only: for sampled drafts a later
+        chance depends on the earlier draws, so choosing by it would bias which drafts are verified.)"""
+        if self.spent <= 0 or self.pinned is not None:
+            return len(sure)
+        best_n, best, expected = 0, 1.0 / self.pass_ms(pending), 1.0
+        for n, s in enumerate(sorted(sure, reverse=True), 1):
+            expected += self.trust * s
+            if (rate := expected / self.pass_ms(pending + n)) > best:
+                best_n, best = n, rate
+        return best_n
+
+    def update(self, drafted: int, accepted: int, round_ms: float, positions: int | None = None,
+               promised: float | None = None) -> None:
         """One round: `positions` is how many the pass carried (1 + drafted unless it also caught up on a
-        prompt); passes much longer than any round (a prompt's prefill, a replay) say nothing about K."""
+        prompt or re-sent tokens a tree accepted off its main chain); passes that carried many tokens besides
+        the drafts (a prompt's prefill, a replay) say nothing about K. `promised`: the sum of the drafts'
+        confidences (what a greedy round expected to accept)."""
         self.rounds += 1
+        if promised is not None:
+            a, p = (self.keep * v for v in self._promised)
+            self._promised = (a + accepted, p + promised)
+            if self._promised[1] >= 2.0:  # a couple of rounds' worth before it says anything
+                self.trust = min(max(self._promised[0] / self._promised[1], 0.5), 1.5)
         if drafted:
             self.hits = self.keep * self.hits + accepted
             self.tests = self.keep * self.tests + (accepted + 1 if accepted < drafted else drafted)
         k = float(drafted if positions is None else positions - 1)
-        if k > self.k_max:
+        if k - drafted > self.k_max:
             return
         self.made = self.keep * self.made + accepted + 1
         self.spent = self.keep * self.spent + round_ms
+        n = int(k) + 1
+        self.passes[n] = round_ms if n not in self.passes else 0.7 * self.passes[n] + 0.3 * round_ms
         w, sk, skk, sr, skr = (self.keep * s for s in self._sums)
         self._sums = (w + 1, sk + k, skk + k * k, sr + round_ms, skr + k * round_ms)
         w, sk, skk, sr, skr = self._sums
@@ -110,5 +146,5 @@ class LinkPolicy(KPolicy):
         super().__init__(**kw)
         self.rtt_ms = rtt_ms
 
-    def update(self, drafted, accepted, round_ms, positions=None):
-        super().update(drafted, accepted, round_ms + self.rtt_ms, positions)
+    def update(self, drafted, accepted, round_ms, positions=None, promised=None):
+        super().update(drafted, accepted, round_ms + self.rtt_ms, positions, promised)

@@ -30,9 +30,10 @@ def common_prefix(a: list, b: list, limit: int | None = None) -> int:
 
 class Drafter:
     name = "none"
-    ms_per_token = 0.0  # measured cost of one drafted token (moving average)
+    ms_per_token = 0.0  # measured cost of one drafted token more (moving average)
     tokens_made, ms_spent = 0, 0.0  # every token proposed and the time it took, for measurements
     confident = False  # True: propose() honours floor and reports self.confidence
+    trees = False  # True: it also has propose_tree (greedy drafts as a tree, peers/tree.py)
     confidence: tuple[float, ...] | list[float] = ()
 
     def propose(self, context: list[int], n: int, params: SamplingParams, stop: threading.Event | None = None,
@@ -46,9 +47,11 @@ class Drafter:
         """After a ring pass: the tokens at positions start.. and the target's final hidden states there (for
         drafts that read them; some of those tokens may be drafts the target went on to reject)."""
 
-    def _measure(self, seconds: float, n: int) -> None:
+    def _measure(self, seconds: float, n: int, fixed: float = 0.0) -> None:
+        """A call made n tokens in `seconds`, `fixed` of which it pays whatever n is (catching up on the context):
+        ms_per_token is what one token more costs, the policy's draft_ms."""
         if n:
-            ms = seconds * 1e3 / n
+            ms = (seconds - fixed) * 1e3 / n
             self.ms_per_token = ms if not self.ms_per_token else 0.8 * self.ms_per_token + 0.2 * ms
             self.tokens_made += n
             self.ms_spent += seconds * 1e3
@@ -84,13 +87,31 @@ def lookup(context: list[int], n: int, max_ngram: int = 3, min_ngram: int = 2) -
     return []
 
 
+def followers(context: list[int], max_ngram: int = 3, min_ngram: int = 2):
+    """lookup's first token for any tail at once: one pass over the context indexes what followed each n-gram's
+    latest occurrence; returns tail -> that token, or None. (For a tree of drafts: one index for every node.)"""
+    index = {}
+    for size in range(min_ngram, max_ngram + 1):
+        for start in range(len(context) - size):
+            index[tuple(context[start : start + size])] = context[start + size]
+
+    def follow(tail: list[int]) -> int | None:
+        for size in range(max_ngram, min_ngram - 1, -1):
+            if len(tail) >= size and (t := index.get(tuple(tail[-size:]))) is not None:
+                return t
+        return None
+    return follow
+
+
 class ModelDrafter(Drafter):
     """A small causal LM with its own KV cache. The cache follows the context by longest common prefix, so a
     rejected branch is cropped away and, after a fully accepted round, the last drafted token is processed too."""
 
     def __init__(self, model_dir: Path, target_vocab: int, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  name: str | None = None, static: bool | None = None, max_len: int = 4096, model=None):
-        from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
+        from transformers import AutoModelForCausalLM, StaticCache
+
+        from .shard import rollback_cache
 
         # `model`: one already built (a distilled draft is assembled from its own and its target's tensors)
         model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
@@ -104,7 +125,7 @@ class ModelDrafter(Drafter):
         # On CUDA one-token steps dominate and Python kernel launches dominate them: a static cache (fixed
         # addresses; crop just moves its length back) lets torch.compile capture each step as a CUDA graph.
         self.max_len = min(max_len, getattr(cfg, "max_position_embeddings", max_len))
-        self.cache = StaticCache(config=cfg, max_cache_len=self.max_len) if self.static else DynamicCache(config=cfg)
+        self.cache = StaticCache(config=cfg, max_cache_len=self.max_len) if self.static else rollback_cache(cfg)
         self.step = self.model
         if self.static and str(device).startswith("cuda"):
             self.step = torch.compile(self.model, mode="reduce-overhead", fullgraph=False)

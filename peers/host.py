@@ -334,16 +334,17 @@ class Host:
         raise RingError(f"could not re-form the ring after {attempts} attempts")
 
     async def forward(self, s: RingSession, tokens: list[int], drafts: list[int],
-                      sent: trio.Event | None = None) -> tuple[torch.Tensor, dict]:
+                      sent: trio.Event | None = None, parents: list[int] | None = None) -> tuple[torch.Tensor, dict]:
         """One pass: the tokens the ring lacks plus the drafts; logits at the last token and each draft.
 
         The frame carries `committed`, the positions every stage keeps; each stage first trims its cache to it
-        (the rollback rule), so a failed or repeated pass is harmless. Returns (logits [K+1, vocab], timing)."""
+        (the rollback rule), so a failed or repeated pass is harmless. `parents`: the drafts form a tree
+        (peers/tree.py), not a chain. Returns (logits [K+1, vocab], timing)."""
         async with self.plan_lock:  # no re-plan in the middle of a pass
-            return await self._forward(s, tokens, drafts, sent)
+            return await self._forward(s, tokens, drafts, sent, parents)
 
     async def _forward(self, s: RingSession, tokens: list[int], drafts: list[int],
-                       sent: trio.Event | None) -> tuple[torch.Tensor, dict]:
+                       sent: trio.Event | None, parents: list[int] | None) -> tuple[torch.Tensor, dict]:
         committed = self.committed(s)
         if committed == 0:
             s.cache, s.epoch = self.shard.new_session(), self.epoch
@@ -351,7 +352,7 @@ class Host:
         t0 = time.perf_counter()
         x = torch.tensor([ids], dtype=torch.long)
         h = await trio.to_thread.run_sync(call_with_threads, self.threads, self.shard.forward, s.cache, committed,
-                                           x, limiter=self.compute)
+                                           x, parents, limiter=self.compute)
         host_ms = (time.perf_counter() - t0) * 1e3
         trace: list = []
         if self.ring:
@@ -361,7 +362,8 @@ class Host:
             try:
                 await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
                                            "committed": committed, "n_logits": n_logits,
-                                           "x": tensors.pack_tensor(h[:, :, :]), "trace": []})
+                                           "x": tensors.pack_tensor(h[:, :, :]), "trace": [],
+                                           **({"parents": parents} if parents is not None else {})})
                 if sent is not None:
                     sent.set()  # the host's part is done: the round is on the wire
                 reply = await self._await_reply(recv, self.pass_timeout(len(ids)))

@@ -198,7 +198,8 @@ class Peer:
             s = self.sessions[sid] = shard.new_session()
         t0 = time.perf_counter()
         try:
-            h = await trio.to_thread.run_sync(shard.forward, s, msg["committed"], x, limiter=self.compute)
+            h = await trio.to_thread.run_sync(shard.forward, s, msg["committed"], x, msg.get("parents"),
+                                              limiter=self.compute)
         except ValueError as e:  # e.g. committed beyond what we hold: the host will replay
             self.sessions.pop(sid, None)
             return await self._fail(msg, f"{self.name}: {e}")

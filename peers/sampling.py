@@ -1,6 +1,7 @@
 """From logits to tokens: the target's distribution p, the draft's q, and the verification rules.
 
-Greedy: accept the longest prefix of drafts equal to the target's argmax, then the target's own next token.
+Greedy: accept the longest prefix of drafts equal to the target's argmax, then the target's own next token
+(peers/tree.py: a chain is a tree with one child per node).
 Sampling (lossless speculative rejection sampling, Leviathan et al. / Chen et al.):
   accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i));
   at the first rejection draw from normalize(max(0, p_i - q_i));
@@ -59,15 +60,6 @@ def pad_vocab(q: torch.Tensor, vocab: int) -> torch.Tensor:
     if q.shape[-1] > vocab:
         return q[..., :vocab] / q[..., :vocab].sum(-1, keepdim=True)
     return torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
-
-
-def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
-    """logits [K+1, V] at the positions after each draft's predecessor -> (accepted, next token)."""
-    best = logits.argmax(-1).tolist()
-    n = 0
-    while n < len(drafts) and drafts[n] == best[n]:
-        n += 1
-    return n, best[n]
 
 
 def draw(p: torch.Tensor, gen: torch.Generator) -> int:

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from . import tree
 from .models import ModelError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -55,6 +56,16 @@ def load_config(model_dir: Path):
         del config.quantization_config
     config._attn_implementation = "sdpa"
     return config
+
+
+def rollback_cache(config) -> DynamicCache:
+    """A cache that can be trimmed back by the last pass's positions. A sliding-window layer keeps only its last
+    window - 1 states unless told to keep a pass's worth more until the next trim (which every pass does)."""
+    cache = DynamicCache(config=config)
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()
+    return cache
 
 
 def _weight_files(model_dir: Path) -> dict[str, Path]:
@@ -136,23 +147,30 @@ class Shard:
         return [m for m in (self.layers, self.embed, self.norm, self.lm_head) if m is not None]
 
     def new_session(self) -> SessionCache:
-        return SessionCache(DynamicCache(config=self.config))
+        return SessionCache(rollback_cache(self.config))
 
     @torch.inference_mode()
-    def forward(self, s: SessionCache, committed: int, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, s: SessionCache, committed: int, x: torch.Tensor,
+                parents: list[int] | None = None) -> torch.Tensor:
         """Trim the cache to `committed` positions, then run x (ids [1,T] on the first stage, else hidden [1,T,H])
-        at positions committed..committed+T-1. The trim is the ring's only rollback rule."""
+        at positions committed..committed+T-1. The trim is the ring's only rollback rule. `parents`: the last
+        len(parents) positions are a tree of drafts (peers/tree.py), each at its depth and seeing its ancestors."""
         if committed > s.length:
             raise ValueError(f"frame says {committed} positions are committed but this peer holds {s.length}")
-        if committed < s.length:
-            s.cache.crop(committed - s.length)  # negative: drop the uncommitted tail
+        if s.length:  # negative: drop the uncommitted tail (0: a sliding window's surplus); only our layers hold any
+            for layer in s.cache.layers[self.span.start : self.span.end]:
+                layer.crop(committed - s.length)
         s.length = committed
         s.last_used = time.monotonic()
         h = self.embed(x.to(self.device)) if self.embed is not None else x.to(self.device, self.dtype)
         t = h.shape[1]
         if self.span.size:
-            pos = torch.arange(committed, committed + t, device=self.device).unsqueeze(0)
-            masks = self._masks(h, s.cache, pos)
+            if parents is None:
+                pos = torch.arange(committed, committed + t, device=self.device).unsqueeze(0)
+                masks = self._masks(h, s.cache, pos)
+            else:
+                pos = tree.positions(committed, t, parents).to(self.device)
+                masks = self._tree_masks(s.cache, committed, t, parents)
             rope = self.rotary(h, position_ids=pos)
             for i, layer in zip(range(self.span.start, self.span.end), self.layers):
                 h = layer(h, attention_mask=masks[self.layer_types[i]], position_embeddings=rope,
@@ -160,12 +178,26 @@ class Shard:
         s.length = committed + t
         return h
 
+    def _kinds(self) -> dict[str, int]:
+        """Each kind of attention among this shard's layers -> the first layer of that kind (whose cache says
+        which columns a mask needs: a sliding window's keeps only its last window - 1)."""
+        kinds: dict[str, int] = {}
+        for i in range(self.span.start, self.span.end):
+            kinds.setdefault(self.layer_types[i], i)
+        return kinds
+
     def _masks(self, h, cache, pos) -> dict:
-        kw = dict(config=self.config, inputs_embeds=h, attention_mask=None, cache=cache, position_ids=pos,
-                  layer_idx=self.span.start)
-        masks = {"full_attention": create_causal_mask(**kw)}
-        if "sliding_attention" in self.layer_types[self.span.start : self.span.end]:
-            masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
+        make = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+        return {kind: make[kind](config=self.config, inputs_embeds=h, attention_mask=None, cache=cache,
+                                 position_ids=pos, layer_idx=layer) for kind, layer in self._kinds().items()}
+
+    def _tree_masks(self, cache, committed: int, t: int, parents: list[int]) -> dict:
+        masks = {}
+        for kind, layer in self._kinds().items():
+            window = self.config.sliding_window if kind == "sliding_attention" else None
+            full = tree.attention_mask(committed, t, parents, window, self.device)
+            length, offset = cache.get_mask_sizes(t, layer)
+            masks[kind] = full[..., offset : offset + length]
         return masks
 
     @torch.inference_mode()

@@ -19,6 +19,7 @@ class RoundStats:
     peers: list  # [[name, ms], ...]
     verify_ms: float
     round_ms: float
+    tree: bool = False  # the drafts were a tree (k of them, branching where the draft was unsure)
 
     def to_dict(self) -> dict:
         return asdict(self)

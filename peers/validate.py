@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import tensors, wire
+from . import tensors, tree, wire
 
 MAX_TOKENS_PER_FRAME = 8192
 
@@ -30,4 +30,11 @@ def forward_frame(msg: dict, hidden_size: int) -> torch.Tensor:
     ok = x.is_floating_point() and x.dim() == 3 and x.shape[2] == hidden_size
     if not ok or x.shape[0] != 1 or not 0 < x.shape[1] <= MAX_TOKENS_PER_FRAME:
         raise wire.WireError(f"fwd: tensor of {x.dtype} {list(x.shape)} does not fit this stage (hidden {hidden_size})")
+    if "parents" in msg:  # a tree of drafts: one parent per draft, and at least the root before them
+        try:
+            tree.check_parents(msg["parents"], msg["n_logits"] - 1)
+        except ValueError as e:
+            raise wire.WireError(f"fwd: {e}") from None
+        if msg["n_logits"] > x.shape[1]:
+            raise wire.WireError("fwd: more drafts than positions")
     return x

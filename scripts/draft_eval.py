@@ -1,12 +1,14 @@
 """How well a draft earns its keep on chat prompts it never saw: tokens per round, acceptance and K (the host's
 own adaptive choice), and its cost per drafted token against one full target forward, on this machine.
 
-    python scripts/draft_eval.py [--draft D] [--max-new-tokens N] [--rtt-ms MS] [--one-k] [--json OUT]
+    python scripts/draft_eval.py [--draft D] [--max-new-tokens N] [--rtt-ms MS] [--one-k | --chain] [--json OUT]
 
 One in-process host holding the whole model (no peers, no network: this measures the draft, not the ring). K is
 the host's own choice as it would make it over a link of --rtt-ms (default 86, ShardFlow's): the policy is told
 each round took that much longer than it did here; 0 gives the choice for a ring with no round trip, where on a
-CPU each drafted token's verification costs a good part of a target forward and K stays small.
+CPU each drafted token's verification costs a good part of a target forward and K stays small. A draft that knows
+its confidence drafts a tree in greedy rounds (peers/tree.py): K is then the tree's size, and acceptance the share
+of its nodes accepted (of siblings at most one can be); `--chain` drafts chains instead.
 Each prompt is answered greedily twice, with the draft and with none; the answers must be identical (a draft
 only changes speed), and the draft-less run's rounds give the cost of one target forward (one token).
 
@@ -62,6 +64,8 @@ async def run(args) -> dict:
         drafter = drafter_for(ns, ring)
         if args.one_k:
             drafter.confident = False  # the policy then picks one K per round, as for any drafter
+        if args.chain:
+            drafter.trees = False  # a chain of drafts, its length by confidence
         for prompt in PROMPTS:
             out = {}
             made, spent = drafter.tokens_made, drafter.ms_spent
@@ -99,6 +103,7 @@ def main() -> None:
     p.add_argument("--rtt-ms", type=float, default=86.0, help="the link K is chosen for (default 86)")
     p.add_argument("--one-k", action="store_true",
                    help="one K per round even for a draft that reports its confidence (to compare)")
+    p.add_argument("--chain", action="store_true", help="drafts in a chain, not a tree (to compare)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     doc = trio.run(run, args)

@@ -1,20 +1,22 @@
 """Replay a distilled draft offline on the target's own greedy answers: how sure it is against how often it is
-right, how copying and the draft compare, and how many tokens a round would commit with a fixed K, with the
-confidence floor of peers/adaptive.py, or with a tree of drafts (which sfchat does not build).
+right (and the temperature SHARPEN that calibrates it), how copying and the draft compare, and how many tokens a
+round would commit with a fixed K, with the confidence floor of peers/adaptive.py as a chain, or as a tree.
 
-    python scripts/draft_replay.py [--draft D] [--prompts eval|heldout] [--branches B] [--json OUT]
+    python scripts/draft_replay.py [--draft D] [--prompts eval|heldout] [--json OUT]
 
 The target answers each prompt (greedy, --max-new-tokens) and its final hidden states are computed once; then,
 at every answer position, the draft proposes from the target's real features as at the start of a round.
 Rounds are replayed back to back (each starts where the last one's accepted tokens and the target's own token
 end). Tokens/s is modelled: a round costs --base-ms (the round trip and one token's pass) plus, per verified
 position, --verify-ms and --draft-ms (defaults: this project's 2-core Xeon at 86 ms). `eval`: draft_eval.py's
-ten prompts; `heldout`: 30 chat prompts from the distillation's held-out subjects (what COPY_WEIGHT was fitted on).
+ten prompts; `heldout`: 30 chat prompts from the distillation's held-out subjects (what COPY_WEIGHT and SHARPEN
+were fitted on).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -27,14 +29,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from draft_eval import PROMPTS  # noqa: E402
 from peers import distill  # noqa: E402
 from peers.distill import chat_prompts  # noqa: E402
-from peers.distill.draft import COPY_WEIGHT  # noqa: E402
 from peers.drafters import lookup  # noqa: E402
 from peers.locations import models_dir  # noqa: E402
 from peers.models import DEFAULT_MODEL  # noqa: E402
 from peers.sampling import SamplingParams  # noqa: E402
+from peers.tree import MAX_NODES  # noqa: E402
 
 FLOORS = (0.05, 0.08, 0.12, 0.2)
-DEPTH, MAX_NODES = 12, 32
+DEPTH = 12
+TEMPERATURES = (1.0, 0.9, 0.85, 0.8, 0.7)
+
+
+def log_loss(d, logits: torch.Tensor, copy: int | None, truth: int, temperature: float) -> float:
+    """-log of the chance given to what happened, "child is the target's token" or not, over the top 3 children
+    under the draft's logits / temperature (the copy mixed in)."""
+    kids = d._children(torch.softmax(logits / temperature, -1), copy, 3)
+    return sum(-math.log(max(p if t == truth else 1 - p, 1e-6)) for t, p in kids)
 
 
 def answers(model, tok, prompts: list[str], max_new: int):
@@ -45,35 +55,6 @@ def answers(model, tok, prompts: list[str], max_new: int):
         with torch.no_grad():
             full = model.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False)[0].tolist()
             yield len(ids), full, model.model(torch.tensor([full])).last_hidden_state[0]
-
-
-def children(d, g: torch.Tensor, seq: list[int], n: int) -> list[tuple[int, float]]:
-    """The n likeliest next tokens under the drafter's distribution (its head, the copy mixed in)."""
-    p = torch.softmax(d.model.head(g).float(), -1)
-    out = {}
-    if copy := lookup(seq, 1):
-        row = d.to_row.get(copy[0])
-        out[copy[0]] = COPY_WEIGHT + (1 - COPY_WEIGHT) * (float(p[row]) if row is not None else 0.0)
-        p = p * (1 - COPY_WEIGHT)
-    for v, r in zip(*p.topk(n + 1)):
-        out.setdefault(int(d.to_target[r]), float(v))
-    return sorted(out.items(), key=lambda kv: -kv[1])[:n]
-
-
-def tree(d, cache, g: torch.Tensor, seq: list[int], branches: int) -> list[tuple[float, list[int]]]:
-    """Every (path probability, path) at least min(FLOORS) likely, depth first with the draft's own cache."""
-    nodes = []
-
-    def grow(g, seq, sure, depth):
-        for t, c in children(d, g, seq, branches):
-            if sure * c < FLOORS[0] or len(nodes) >= MAX_NODES or depth >= DEPTH:
-                continue
-            nodes.append((sure * c, seq + [t]))
-            grow(d.model(torch.tensor([[t]]), g[None, None], cache=cache)[0, -1], seq + [t], sure * c, depth + 1)
-            cache.crop(-1)
-
-    grow(g, seq, 1.0, 0)
-    return nodes
 
 
 def replay(rows: list[dict], commit, cost) -> tuple[float, float]:
@@ -91,13 +72,12 @@ def replay(rows: list[dict], commit, cost) -> tuple[float, float]:
 
 
 def main() -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--draft", type=Path, help="a distilled draft (default: the shipped one)")
     ap.add_argument("--prompts", choices=("eval", "heldout"), default="eval")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--branches", type=int, default=3, help="children per node of the tree (default 3)")
     ap.add_argument("--base-ms", type=float, default=145.0)
     ap.add_argument("--verify-ms", type=float, default=4.5)
     ap.add_argument("--draft-ms", type=float, default=3.7)
@@ -109,23 +89,24 @@ def main() -> None:
     d = distill.load(a.draft or distill.shipped_draft(target), target, tok, model.config.vocab_size)
     rng = random.Random(1)
     prompts = PROMPTS if a.prompts == "eval" else [chat_prompts.prompt(rng, "eval") for _ in range(30)]
+    losses = dict.fromkeys(TEMPERATURES, 0.0)
     rows, firsts = [], []  # per answer: one row per position; per position: (truth, draft top, p, copy, p copy)
     for start, full, feats in answers(model, tok, prompts, a.max_new_tokens):
         d.observe(0, full, feats)
         answer = []
         with torch.no_grad():
             g = d.model(torch.tensor([full[1:]]), feats[None, :-1])[0]  # index t predicts x_{t+2}
-            first = torch.softmax(d.model.head(g).float(), -1)
+            first, logits = d._probs(g), d.model.head(g).float()
         for m in range(start + 1, len(full)):
             chain, _ = d.propose(full[:m], DEPTH, SamplingParams())
             ok = next((i for i, t in enumerate(chain) if m + i >= len(full) or t != full[m + i]), len(chain))
-            cache = DynamicCache(config=d.model.body.config)
-            with torch.no_grad():
-                root = d.model(torch.tensor([full[1:m]]), feats[None, : m - 1], cache=cache)[0, -1]
-                nodes = tree(d, cache, root, full[:m], a.branches)
-            answer.append({"m": m, "left": len(full) - m, "ok": ok, "sure": list(d.confidence),
-                           "tree": [(s, path[m:]) for s, path in nodes], "truth": full[m : m + DEPTH + 1]})
+            sure = list(d.confidence)
+            t = d.propose_tree(full[:m], FLOORS[0], DEPTH, MAX_NODES)
+            answer.append({"m": m, "left": len(full) - m, "ok": ok, "sure": sure,
+                           "tree": [(s, t.path(i)) for i, s in enumerate(t.sure)], "truth": full[m : m + DEPTH + 1]})
             p, copy = first[m - 2], lookup(full[:m], 1)
+            for temp in TEMPERATURES:
+                losses[temp] += log_loss(d, logits[m - 2], copy[0] if copy else None, full[m], temp)
             row = d.to_row.get(copy[0]) if copy else None
             firsts.append((full[m], int(d.to_target[p.argmax()]), float(p.max()), copy[0] if copy else None,
                            float(p[row]) if row is not None else 0.0))
@@ -140,6 +121,7 @@ def main() -> None:
         for i, s in enumerate(r["sure"][: r["ok"] + 1]):
             b = bins[min(int(s / prev * 10), 9)]
             b[0], b[1], prev = b[0] + 1, b[1] + (i < r["ok"]), s
+    out["log_loss_by_temperature"] = {t: round(v / len(firsts), 4) for t, v in losses.items()}
     out["calibration"] = {f"{i / 10:.1f}-{(i + 1) / 10:.1f}": {"drafts": n, "right": round(k / n, 3)}
                           for i, (n, k) in enumerate(bins) if n}
     # copying against the draft at a round's first draft, where the text repeats
@@ -164,7 +146,7 @@ def main() -> None:
         while tuple(r["truth"][: n + 1]) in paths and n < len(r["truth"]) - 1:
             n += 1
         return n, len(paths)
-    out[f"tree_{a.branches}"] = {f: replay(rows, lambda r, f=f: tree_commit(r, f), cost) for f in FLOORS}
+    out["tree"] = {f: replay(rows, lambda r, f=f: tree_commit(r, f), cost) for f in FLOORS}
     out["median_tree_prompt"] = {f: statistics.median(replay([ans], lambda r, f=f: tree_commit(r, f), cost)[0]
                                                       for ans in rows) for f in FLOORS}
     print(json.dumps(out, indent=1))

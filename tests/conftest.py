@@ -32,6 +32,14 @@ def tiny_qwen2(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def sliding_qwen2(tmp_path_factory):
+    """Qwen2 whose last two layers attend through a window of 4 positions (shorter than any test's context)."""
+    from tiny import make_model
+    return make_model(tmp_path_factory.mktemp("sliding-qwen2"), "qwen2", layers=4, seed=3, use_sliding_window=True,
+                      sliding_window=4, max_window_layers=2)
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     from peers import models
     return models.resolve("smollm2-135m", say=lambda *a: None)

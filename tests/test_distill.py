@@ -19,6 +19,7 @@ from peers.distill.draft import COPY_WEIGHT, target_head
 from peers.distill.pipeline import Options, distill, held_out_samples
 from peers.drafters import NgramDrafter, make_drafter
 from peers.sampling import SamplingParams
+from peers.tree import MAX_NODES, check_parents
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 
@@ -317,6 +318,33 @@ def test_a_confidence_floor_ends_a_draft_where_the_draft_stops_being_sure(drafts
     assert d.confidence == pytest.approx([s / 2 for s in sure[:3]])
 
 
+def test_a_tree_of_drafts_leads_with_the_chain_and_each_node_is_what_the_draft_says_there(drafts, tiny_llama):
+    """The tree grows a level at a time (all of a level's nodes in one step of the draft, each at its own position
+    and seeing only its ancestors); every node must be what a chain drafted from its parent's context gives."""
+    tok = load_tokenizer(tiny_llama)
+    ids = tok.encode(PROMPT)
+    d = make_drafter(str(drafts["trained"]), tiny_llama, 300, tok)
+    d.copy = False  # (copies are looked up over the context only in a tree, over the drafts too in a chain)
+    d.observe(0, ids[:-1], target_features(tiny_llama, ids)[:-1])
+    chain, _ = d.propose(ids, 6, SamplingParams())
+    sure = list(d.confidence)
+    t = d.propose_tree(ids, 1e-4, 6, MAX_NODES)
+    check_parents(t.parents, len(t.tokens))
+    assert t.chain >= 1 and len(t.tokens) > t.chain and d.confidence == t.sure
+    assert t.tokens[: t.chain] == chain[: t.chain] and t.sure[: t.chain] == pytest.approx(sure[: t.chain], rel=1e-4)
+    assert t.guess == (chain[t.chain] if t.chain < 6 else t.guess)
+    assert all(c >= 1e-4 for c in t.sure) and all(t.sure[i] <= t.sure[p] for i, p in enumerate(t.parents) if p >= 0)
+    checked = 0
+    for i, p in enumerate(t.parents):
+        first_child = t.parents.index(p) == i
+        if p >= 0 and first_child:  # the likeliest child: what a chain from its parent's context proposes
+            path = t.path(i)
+            got, _ = d.propose(ids + path[:-1], 1, SamplingParams())
+            assert got == [path[-1]] and d.confidence[0] * t.sure[p] == pytest.approx(t.sure[i], rel=1e-4)
+            checked += 1
+    assert checked > t.chain - 1  # some of them off the main chain
+
+
 class RecordingPolicy(LinkPolicy):
     def plan(self, draft_ms, confident=False):
         self.plans = getattr(self, "plans", []) + [super().plan(draft_ms, confident)]
@@ -333,7 +361,8 @@ def test_speculation_with_the_confidence_floor_through_a_peer_is_exact(drafts, t
                                 peers=1, policy=policy))
     if params.greedy:
         assert r.token_ids == reference_ids(tiny_llama, PROMPT, 48)
-    assert len(r.token_ids) == 48 and r.stats.drafted > 0
+    # (a sampled answer may draw the end of turn early: which drafts it saw depends on the timing)
+    assert (len(r.token_ids) == 48 or r.finish == "eos") and r.stats.drafted > 0
     # after the first measured round every plan is (k_max, a floor), and the floor, not k_max, ended the drafts
     assert all(k == policy.k_max and floor > 0 for k, floor in policy.plans[2:])
-    assert all(rd["k"] < policy.k_max for rd in r.rounds[2:])
+    assert all(rd["k"] < (MAX_NODES if params.greedy else policy.k_max) for rd in r.rounds[2:])

@@ -30,3 +30,15 @@ def test_logits_match_through_three_processes(tiny_qwen2):
             await check_logits_follow(host, ref, prompt, 6)
 
     trio.run(main)
+
+
+def test_a_sliding_window_model_rolls_back_exactly(sliding_qwen2, tiny_qwen2):
+    """Qwen2 with sliding-window layers (a window of 4, far shorter than the conversation): those layers' caches
+    keep only the window, yet the drafts the target rejects roll back and every mask fits. The draft is another
+    tiny model, so most of its drafts are rejected."""
+    prompt = "hello world, the quick brown fox"
+    want = reference_ids(sliding_qwen2, prompt, 32)
+    got = ask_json(prompt, "--model", str(sliding_qwen2), "--local-peers", "1", "--max-new-tokens", "32",
+                   "--draft", str(tiny_qwen2), "--k", "3")
+    assert got["token_ids"] == want
+    assert got["stats"]["accepted"] < got["stats"]["drafted"]  # rejected drafts: rolled back

@@ -1,4 +1,5 @@
 """Speculative decoding on tiny models: exact with every drafter, rollback, vocab padding, look-ahead, K."""
+import copy
 import random
 
 import pytest
@@ -167,6 +168,31 @@ def test_a_confident_drafter_gets_a_floor_at_the_rate_rounds_make_now():
     assert k == p.k_max and floor == pytest.approx(rate * 13.0, rel=0.05)
     assert p.plan(3.0) == (p.choose(3.0), 0.0)  # a drafter with no confidence: one K
     assert KPolicy(pinned=5).plan(3.0, confident=True) == (5, 0.0)
+
+
+def test_the_likeliest_drafts_are_chosen_by_what_passes_of_each_size_cost():
+    """A CPU's pass cost steps up where its matrix kernels change (measured here: 4 positions cost 14 ms more than
+    3); the policy keeps what each size cost and verifies the number of the likeliest drafts that makes the most
+    tokens per ms, not what a straight line through the costs suggests."""
+    p = KPolicy()
+    steps = {1: 100.0, 2: 104.0, 3: 108.0, 4: 140.0, 5: 144.0, 6: 148.0, 7: 152.0}
+    for n in (1, 2, 3, 4, 5, 6, 7) * 3:
+        p.update(n - 1, 1, steps[n], positions=n)
+    assert p.pass_ms(4) == pytest.approx(140.0) and p.pass_ms(3) == pytest.approx(108.0)
+    assert p.pass_ms(20) == pytest.approx(p.base_ms + 19 * p.verify_ms)  # never seen: the line
+    sure = [0.7, 0.5, 0.2, 0.1, 0.1, 0.05, 0.05]
+    # 2 drafts: (1 + 1.2) / 108 = 0.0204 tokens per ms; 3: 2.4 / 140 = 0.0171; 6: 2.65 / 152 = 0.0174
+    assert p.select(sure) == 2
+    assert p.select([0.7], pending=3) == 1  # 1.7 / 140 against 1 / 108: a pass that carries more
+    assert p.select([0.9, 0.9, 0.9, 0.9, 0.9]) == 5  # sure enough to pay for the step
+    assert p.select([0.01]) == 0 and KPolicy().select(sure) == len(sure)  # nothing measured yet: all
+    # the drafter promised twice what was accepted: its confidences count half (and the floor doubles)
+    twin = copy.deepcopy(p)
+    for _ in range(30):
+        p.update(2, 1, 104.0, positions=3, promised=2.0)
+        twin.update(2, 1, 104.0, positions=3)
+    assert p.trust == pytest.approx(0.5, abs=0.02) and twin.trust == 1.0
+    assert p.plan(3.0, confident=True)[1] == pytest.approx(2 * twin.plan(3.0, confident=True)[1], rel=0.05)
 
 
 def test_ask_json_reports_speculation(tiny_llama):

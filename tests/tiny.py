@@ -34,13 +34,15 @@ def make_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
 
 
 def make_model(path: Path, arch: str = "llama", layers: int = 4, seed: int = 0, hidden: int = 64,
-               vocab_pad: int = 0, tie: bool | None = None) -> Path:
-    """Save a random model of `arch` with a trained tokenizer into `path`; returns path."""
+               vocab_pad: int = 0, tie: bool | None = None, **config) -> Path:
+    """Save a random model of `arch` (`config`: more of its config's fields) with a trained tokenizer into `path`;
+    returns path."""
     tok = make_tokenizer()
     vocab = len(tok) + vocab_pad
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                  **config)
     if arch == "llama":
         cfg = LlamaConfig(**common, tie_word_embeddings=True if tie is None else tie)
     elif arch == "qwen2":

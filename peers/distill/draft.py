@@ -27,17 +27,19 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..drafters import Drafter, common_prefix, lookup
+from ..drafters import Drafter, common_prefix, followers, lookup
 from ..fingerprint import config_fingerprint
 from ..models import DEFAULT_MODEL, ModelError
 from ..sampling import SamplingParams, draw, position_generator
-from ..shard import _weight_files, load_config
+from ..shard import _weight_files, load_config, rollback_cache
 from ..threads import torch_threads
+from ..tree import BRANCHES, Draft, depth_first
 
 VOCAB_FILE = "draft_vocab.json"  # [target id of head row 0, of row 1, ...]
 META_FILE = "distill.json"  # the recipe, the counts reached, the target's identity, measured agreement
 SHARED = ("embed.weight", "head.weight")  # taken from the target, never stored with the draft
 COPY_WEIGHT = 0.4  # the share of a copied token in the draft's distribution (measured: see FeatureDrafter)
+SHARPEN = 0.85  # the draft's logits over this (a temperature) make its greedy confidences calibrated (see _probs)
 MAX_UNSEEN = 16  # positions the draft will read without the target's feature (its own guesses stand in)
 
 
@@ -77,10 +79,11 @@ class FeatureDraft(torch.nn.Module):
         self.embed.requires_grad_(False)
         self.head.requires_grad_(False)
 
-    def forward(self, next_ids: torch.Tensor, feats: torch.Tensor, cache=None, attention_mask=None) -> torch.Tensor:
+    def forward(self, next_ids: torch.Tensor, feats: torch.Tensor, cache=None, attention_mask=None,
+                position_ids=None) -> torch.Tensor:
         """next_ids [B, T] (x_{t+1}), feats [B, T, H] (f_t) -> predicted features [B, T, H] (f_{t+1})."""
         x = self.fc(torch.cat([self.embed(next_ids), feats.to(self.fc.weight.dtype)], -1))
-        return self.body(inputs_embeds=x, attention_mask=attention_mask, cache=cache,
+        return self.body(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                          use_cache=cache is not None).last_hidden_state
 
 
@@ -167,11 +170,10 @@ class FeatureDrafter(Drafter):
     ahead during a round trip) from the draft's own predictions, and are recomputed once the real ones arrive."""
 
     confident = True  # its head's top probability is a fair estimate of the target's agreement (see _next)
+    trees = True  # greedy rounds draft a tree: its second and third choices, where they are likely enough
 
     def __init__(self, draft_dir: Path, target_dir: Path, target_vocab: int, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, name: str | None = None):
-        from transformers import DynamicCache
-
         ids = json.loads((Path(draft_dir) / VOCAB_FILE).read_text())
         if max(ids) >= target_vocab:
             raise ModelError(f"the draft {Path(draft_dir).name} proposes ids beyond the target's vocabulary")
@@ -182,7 +184,7 @@ class FeatureDrafter(Drafter):
         self.device, self.target_vocab = device, target_vocab
         self.to_target = torch.tensor(ids, device=device)
         self.to_row = {t: i for i, t in enumerate(ids)}
-        self.new_cache = lambda: DynamicCache(config=cfg)
+        self.new_cache = lambda: rollback_cache(cfg)
         self.cache = self.new_cache()
         # the target's features at positions 0..n_feats-1, in a buffer that grows by doubling (observe runs
         # every round: appending must not copy the whole conversation each time)
@@ -233,31 +235,58 @@ class FeatureDrafter(Drafter):
         self.cache_next += next_ids
         return out[0, -1]
 
+    def _probs(self, g: torch.Tensor) -> torch.Tensor:
+        """The draft's greedy confidences over its head's rows after predicted feature(s) g. Distillation leaves it
+        under-confident (on held-out chat answers a chain's confidences of 0.4-0.5 were right 57% of the time):
+        logits / SHARPEN minimise the log loss of "this child is the target's token" over its top three with
+        copies mixed in (1.080 against 1.105 at 1), after which a chain's confidences match how often it is right
+        (0.4-0.5: 50%, 0.6-0.7: 74%, 0.9-1: 97%; `python scripts/draft_replay.py --prompts heldout`)."""
+        return torch.softmax(self.model.head(g).float() / SHARPEN, -1)
+
+    def _children(self, p: torch.Tensor, copy: int | None, n: int) -> list[tuple[int, float]]:
+        """The n likeliest tokens under the draft's distribution p (its head's rows), with their probabilities,
+        likeliest first. Where the text repeats itself, `copy` (what followed last time) gets COPY_WEIGHT of the
+        mass and p the rest."""
+        out = {}
+        if copy is not None:
+            row = self.to_row.get(copy)
+            out[copy] = COPY_WEIGHT + (1 - COPY_WEIGHT) * (float(p[row]) if row is not None else 0.0)
+            p = p * (1 - COPY_WEIGHT)
+        values, rows = p.topk(min(n + 1, len(p)))
+        for v, r in zip(values.tolist(), rows.tolist()):
+            out.setdefault(int(self.to_target[r]), v)
+        return sorted(out.items(), key=lambda kv: -kv[1])[:n]  # (stable: the copy wins a tie)
+
     def _next(self, g: torch.Tensor, params: SamplingParams, position: int,
               copy: int | None) -> tuple[int, torch.Tensor | None, float]:
         """The draft token after predicted feature g, (when sampling) q over the target's vocabulary, and the
-        draft's confidence in it: its probability under q, known before any draw (greedy: the top one).
-
-        Where the text repeats itself, `copy` (what followed last time) gets COPY_WEIGHT of the mass and the
-        draft's own distribution the rest."""
-        rows = self.model.head(g).float()
+        draft's confidence in it: its probability under q, known before any draw (greedy: the top one)."""
         if params.greedy:
-            p = torch.softmax(rows, -1)
-            top = int(p.argmax())
-            tok, sure = int(self.to_target[top]), float(p[top])
-            if copy is None:
-                return tok, None, sure
-            row = self.to_row.get(copy)
-            copied = COPY_WEIGHT + (1 - COPY_WEIGHT) * (float(p[row]) if row is not None else 0.0)
-            own = (1 - COPY_WEIGHT) * sure  # the draft's top token in the mixture (when it is not the copy)
-            return (copy, None, copied) if copied >= own else (tok, None, own)
-        full = rows.new_full((self.target_vocab,), float("-inf"))  # q is exactly 0 off the head's rows
-        full[self.to_target] = rows
+            tok, sure = self._children(self._probs(g), copy, 1)[0]
+            return tok, None, sure
+        full = g.new_full((self.target_vocab,), float("-inf"))  # q is exactly 0 off the head's rows
+        full[self.to_target] = self.model.head(g).float()
         q = params.probs(full[None])[0]
         if copy is not None:
             q = (1 - COPY_WEIGHT) * q
             q[copy] += COPY_WEIGHT
         return draw(q, position_generator(params.seed, position, stream=0)), q, float(q.max())
+
+    def _start(self, context: list[int]) -> torch.Tensor | None:
+        """Bring the draft's cache up to the context; the predicted feature after its last token (None: nothing
+        verified yet, e.g. a new message, whose pass brings the features)."""
+        m = len(context)
+        known = self._known(context)  # indices that can read the target's own feature
+        if known < 1 or m - 1 - known > MAX_UNSEEN:
+            return None
+        # index known-1 is always recomputed: its output starts the drafts
+        common = common_prefix(self.cache_next, context[1:], min(self.true_len, known - 1))
+        self._crop(common)
+        g = self._feed(context[common + 1 : known + 1], self.feats[common:known])
+        self.true_len = known
+        for t in range(known, m - 1):  # context the ring has not verified: the draft's own guesses stand in
+            g = self._feed([context[t + 1]], g[None])
+        return g
 
     @torch.inference_mode()
     def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
@@ -270,19 +299,13 @@ class FeatureDrafter(Drafter):
 
     def _propose(self, context: list[int], n: int, params: SamplingParams, stop, floor: float,
                  prior: float) -> tuple[list[int], torch.Tensor | None]:
-        m = len(context)
-        known = self._known(context)  # indices that can read the target's own feature
         self.confidence = []
-        if n <= 0 or known < 1 or m - 1 - known > MAX_UNSEEN:
-            return [], None  # nothing verified yet (a new message): the next pass brings its features
         t0 = time.perf_counter()
-        # index known-1 is always recomputed: its output starts the drafts
-        common = common_prefix(self.cache_next, context[1:], min(self.true_len, known - 1))
-        self._crop(common)
-        g = self._feed(context[common + 1 : known + 1], self.feats[common:known])
-        self.true_len = known
-        for t in range(known, m - 1):  # context the ring has not verified: the draft's own guesses stand in
-            g = self._feed([context[t + 1]], g[None])
+        g = self._start(context) if n > 0 else None
+        if g is None:
+            return [], None
+        fixed = time.perf_counter() - t0
+        m = len(context)
         tokens, qs, sure = [], [], prior
         seq = list(context)  # the context and the drafts so far, grown in place: what copying searches
         while True:
@@ -297,8 +320,72 @@ class FeatureDrafter(Drafter):
             if len(tokens) == n or sure < floor or (stop is not None and stop.is_set()):
                 break
             g = self._feed([tok], g[None])
-        self._measure(time.perf_counter() - t0, len(tokens))
+        self._measure(time.perf_counter() - t0, len(tokens), fixed)
         return tokens, (torch.stack(qs) if qs else None)
+
+    @torch.inference_mode()
+    def propose_tree(self, context: list[int], floor: float, depth: int, max_nodes: int,
+                     stop: threading.Event | None = None) -> Draft:
+        """A greedy tree of drafts (peers/tree.py): every node, up to BRANCHES per parent, whose chance with its
+        ancestors' is at least `floor`; at most `depth` deep and `max_nodes` in all (the likeliest kept). It grows
+        a level at a time, each level one step of the draft over all its nodes at once (their own positions, each
+        seeing its ancestors), so a node costs far less than a chain's draft; the main chain's last node's best
+        child is the guess at the token after it."""
+        with torch_threads(1), self.lock:
+            t0 = time.perf_counter()
+            g = self._start(context) if depth > 0 else None
+            if g is None:
+                self.confidence = []
+                return Draft()
+            fixed = time.perf_counter() - t0
+            tokens, parents, sure, kids = self._grow(context, g, floor, depth, max_nodes, stop)
+            d = depth_first(tokens, parents, sure, {i: c[0][0] for i, c in kids.items() if c})
+            self._measure(time.perf_counter() - t0, len(d.tokens), fixed)
+            self.confidence = d.sure
+            return d
+
+    def _grow(self, context, g, floor, depth, max_nodes, stop):
+        """Breadth first: (tokens, parents, chances, each node's children as (token, p)) in the order made."""
+        base = len(self.cache_next)  # the draft's cache: index t holds (f_t, x_{t+1}); the tree's go after it
+        follows = followers(context) if self.copy else (lambda tail: None)
+        tokens, parents, sure, tails = [], [], [], []  # tails: each node's last tokens, for copying
+        kids = {-1: self._children(self._probs(g), follows(context[-3:]), BRANCHES)}
+        feats = {-1: g}
+        level = [-1]
+        for position in range(base, base + depth):  # the nodes of depth d sit at position base + d - 1
+            chances = sorted(((sure[p] if p >= 0 else 1.0) * c, p, t) for p in level for t, c in kids[p])[::-1]
+            new = [(c, p, t) for c, p, t in chances if c >= floor][: max_nodes - len(tokens)]
+            if not new or (stop is not None and stop.is_set()):
+                break
+            first = len(tokens)
+            for c, p, t in new:
+                tokens.append(t)
+                parents.append(p)
+                sure.append(c)
+                tails.append((tails[p] if p >= 0 else context[-3:])[-2:] + [t])
+            level = list(range(first, len(tokens)))
+            out = self.model(torch.tensor([[tokens[i] for i in level]], device=self.device),
+                             torch.stack([feats[parents[i]] for i in level])[None], cache=self.cache,
+                             attention_mask=self._level_mask(base, first, level, parents),
+                             position_ids=torch.full((1, len(level)), position, device=self.device))[0]
+            probs = self._probs(out)
+            for j, i in enumerate(level):
+                feats[i] = out[j]
+                kids[i] = self._children(probs[j], follows(tails[i]), BRANCHES)
+        self.cache.crop(base - self.cache.get_seq_length())  # the tree's entries go: the ring's answer decides
+        return tokens, parents, sure, kids
+
+    def _level_mask(self, base: int, first: int, level: list[int], parents: list[int]) -> torch.Tensor:
+        """[1, 1, nodes of this level, the cache's entries and theirs]: the context, the ancestors, itself."""
+        allowed = torch.zeros(len(level), base + first + len(level), dtype=torch.bool)
+        allowed[:, :base] = True
+        for j, i in enumerate(level):
+            allowed[j, base + i] = True
+            p = parents[i]
+            while p >= 0:
+                allowed[j, base + p] = True
+                p = parents[p]
+        return allowed[None, None].to(self.device)
 
 
 def load(draft_dir: Path, target_dir: Path, tokenizer, target_vocab: int, device: str = "cpu",

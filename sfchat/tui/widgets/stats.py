@@ -65,7 +65,7 @@ class StatsPanel(Vertical):
         self.query_one("#rounds", Static).update(_grid([
             ("tok/round", f"{s['tokens_per_round']:.2f} (last {r['committed']})" if r else "—"),
             ("accepted", f"{pct(s.get('acceptance'))} ({s.get('accepted', 0)}/{s.get('drafted', 0)})" if s else "—"),
-            ("K", str(r["k"]) if r else "—"),
+            ("K", f"{r['k']}{' (tree)' if r.get('tree') else ''}" if r else "—"),
             ("round", ms(r.get("round_ms"))),
             ("  draft", ms(r.get("draft_ms"))),
             ("  host", ms(r.get("host_ms"))),

@@ -1,0 +1,57 @@
+"""What a forward pass of the embedded target costs by the number of positions it carries, in one process, and
+what one of its matrix products costs by the number of rows: on a CPU the cost steps up where the matrix kernels
+change (here at 4), which is why the host measures each size of pass instead of assuming a straight line.
+
+    python scripts/pass_cost.py [--max-positions N] [--context N]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from peers.locations import models_dir  # noqa: E402
+from peers.models import DEFAULT_MODEL  # noqa: E402
+from peers.shard import Shard, Span, load_config  # noqa: E402
+
+
+def median_ms(fn, repeats: int = 12) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[2:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--max-positions", type=int, default=12)
+    p.add_argument("--context", type=int, default=300, help="positions already in the cache (default 300)")
+    a = p.parse_args()
+    model = models_dir() / DEFAULT_MODEL
+    n = load_config(model).num_hidden_layers
+    shard = Shard(model, Span(0, n, n), embed=True, head=True)
+    s = shard.new_session()
+    shard.forward(s, 0, torch.arange(a.context)[None] + 100)
+
+    def forward(t: int) -> None:  # a pass of t positions after the context (each one trims the last away)
+        h = shard.forward(s, a.context, torch.arange(t)[None] + 500)
+        shard.finish(h[0], t)
+    print(f"forward of {model.name} with {a.context} positions cached, {torch.get_num_threads()} threads:")
+    for t in range(1, a.max_positions + 1):
+        print(f"  {t:2d} positions: {median_ms(lambda: forward(t)):6.1f} ms")
+    lin = torch.nn.Linear(shard.config.hidden_size, shard.config.intermediate_size, bias=False)
+    with torch.inference_mode():
+        row = [median_ms(lambda m=m: lin(torch.randn(1, m, lin.in_features)), 30) * 1e3 for m in range(1, 9)]
+    print(f"one {lin.in_features}x{lin.out_features} product, 1-8 rows (us): " + ", ".join(f"{x:.0f}" for x in row))
+
+
+if __name__ == "__main__":
+    main()
