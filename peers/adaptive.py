@@ -24,6 +24,12 @@ a round and verify_ms + draft_ms to its cost; that raises tokens per ms exactly 
 R being the tokens per ms rounds make now. So such a drafter drafts while the product of its confidences stays
 above that floor (up to k_max), and R is measured over recent rounds: thresholding at the current rate and
 re-measuring climbs to the best rate (as Dinkelbach's method does for a ratio).
+
+A pass's cost is not a straight line in the positions it carries: on a CPU it steps up where the matrix kernels
+change (here at 4 positions), and in a ring every member pays the step. So the policy also keeps what each size
+of pass cost, and of greedy drafts made down to the floor the host verifies only the n likeliest that maximise
+the round's expected tokens per ms (select). It also compares what the drafter's confidences promised with what
+was accepted, and discounts them by that (trust): a confidence calibrated offline can be optimistic on other text.
 """
 from __future__ import annotations
 
