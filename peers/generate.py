@@ -73,11 +73,12 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             want = k + 1 if overlap and host.ring and k > 0 else k
             draft, hidden_ms = await _chain(drafter, tokens, ahead, want, k, floor, params)
         draft_ms = (time.perf_counter() - t0) * 1e3
+        pending = len(tokens) - host.committed(rs)  # tokens the ring lacks, carried before the drafts
         by_confidence = params.greedy and floor > 0
         if by_confidence:  # as many of the likeliest drafts as the pass costs of this ring make worth it
-            draft = draft.likeliest(policy.select(draft.sure, len(tokens) - host.committed(rs)))
+            draft = draft.likeliest(policy.select(draft.sure, pending))
         drafts, main, guess = draft.tokens, draft.chain, draft.guess
-        positions = len(tokens) - host.committed(rs) + len(drafts)  # what this pass carries through the ring
+        positions = pending + len(drafts)  # what this pass carries through the ring
         stop, sent = threading.Event(), trio.Event()
         # the look-ahead bets that the whole main chain is accepted and the target's next token is the guess
         ahead = Ahead(tokens + drafts[:main] + [guess]) if (overlap and host.ring and guess is not None) else None

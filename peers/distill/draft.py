@@ -33,6 +33,7 @@ from ..models import DEFAULT_MODEL, ModelError
 from ..sampling import SamplingParams, draw, position_generator
 from ..shard import _weight_files, load_config, rollback_cache
 from ..threads import torch_threads
+from .. import tree
 from ..tree import BRANCHES, Draft, depth_first
 
 VOCAB_FILE = "draft_vocab.json"  # [target id of head row 0, of row 1, ...]
@@ -337,22 +338,22 @@ class FeatureDrafter(Drafter):
             if g is None:
                 self.confidence = []
                 return Draft()
+            follows = followers(context) if self.copy else (lambda tail: None)  # (one pass over the context)
             fixed = time.perf_counter() - t0
-            tokens, parents, sure, kids = self._grow(context, g, floor, depth, max_nodes, stop)
+            tokens, parents, sure, kids = self._grow(context, g, follows, floor, depth, max_nodes, stop)
             d = depth_first(tokens, parents, sure, {i: c[0][0] for i, c in kids.items() if c})
             self._measure(time.perf_counter() - t0, len(d.tokens), fixed)
             self.confidence = d.sure
             return d
 
-    def _grow(self, context, g, floor, depth, max_nodes, stop):
+    def _grow(self, context, g, follows, floor, depth, max_nodes, stop):
         """Breadth first: (tokens, parents, chances, each node's children as (token, p)) in the order made."""
         base = len(self.cache_next)  # the draft's cache: index t holds (f_t, x_{t+1}); the tree's go after it
-        follows = followers(context) if self.copy else (lambda tail: None)
         tokens, parents, sure, tails = [], [], [], []  # tails: each node's last tokens, for copying
         kids = {-1: self._children(self._probs(g), follows(context[-3:]), BRANCHES)}
         feats = {-1: g}
         level = [-1]
-        for position in range(base, base + depth):  # the nodes of depth d sit at position base + d - 1
+        for _ in range(depth):
             chances = sorted(((sure[p] if p >= 0 else 1.0) * c, p, t) for p in level for t, c in kids[p])[::-1]
             new = [(c, p, t) for c, p, t in chances if c >= floor][: max_nodes - len(tokens)]
             if not new or (stop is not None and stop.is_set()):
@@ -364,28 +365,19 @@ class FeatureDrafter(Drafter):
                 sure.append(c)
                 tails.append((tails[p] if p >= 0 else context[-3:])[-2:] + [t])
             level = list(range(first, len(tokens)))
+            # the level's rows of a ring pass over the whole tree with nothing carried before it: its cache holds
+            # the context's entries and the earlier levels' (peers/tree.py); each node at its depth
+            mask = tree.attention_mask(base, len(tokens), parents, device=self.device)[..., first:, :]
+            pos = tree.positions(base, len(tokens), parents)[:, first:].to(self.device)
             out = self.model(torch.tensor([[tokens[i] for i in level]], device=self.device),
                              torch.stack([feats[parents[i]] for i in level])[None], cache=self.cache,
-                             attention_mask=self._level_mask(base, first, level, parents),
-                             position_ids=torch.full((1, len(level)), position, device=self.device))[0]
+                             attention_mask=mask, position_ids=pos)[0]
             probs = self._probs(out)
             for j, i in enumerate(level):
                 feats[i] = out[j]
                 kids[i] = self._children(probs[j], follows(tails[i]), BRANCHES)
         self.cache.crop(base - self.cache.get_seq_length())  # the tree's entries go: the ring's answer decides
         return tokens, parents, sure, kids
-
-    def _level_mask(self, base: int, first: int, level: list[int], parents: list[int]) -> torch.Tensor:
-        """[1, 1, nodes of this level, the cache's entries and theirs]: the context, the ancestors, itself."""
-        allowed = torch.zeros(len(level), base + first + len(level), dtype=torch.bool)
-        allowed[:, :base] = True
-        for j, i in enumerate(level):
-            allowed[j, base + i] = True
-            p = parents[i]
-            while p >= 0:
-                allowed[j, base + p] = True
-                p = parents[p]
-        return allowed[None, None].to(self.device)
 
 
 def load(draft_dir: Path, target_dir: Path, tokenizer, target_vocab: int, device: str = "cpu",
