@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +100,7 @@ class Host:
         self.joined = trio.Condition()
         self.pending_epoch = 0
         self.auto_replan = False  # `sfchat host`: re-plan as members join
+        self.closing = False  # close() has begun: members leaving now is the normal end
 
     # --- serving -------------------------------------------------------------------------------------------
 
@@ -115,18 +115,9 @@ class Host:
 
     @property
     def address(self) -> str:
-        """Where others reach the host; a wildcard listen address is shown as this machine's own."""
+        """Where processes on this machine reach the host (the invite, sfchat/invite.py, names outward ones)."""
         host = parse_addr(self.listen)[0]
-        if host in ("0.0.0.0", "::", ""):
-            try:
-                host = socket.gethostbyname(socket.gethostname())
-            except OSError:
-                host = "127.0.0.1"
-        return f"{host}:{self.port}"
-
-    def invite(self) -> str:
-        tls = f" --tls {self.tls.fingerprint}" if self.tls.enabled else ""
-        return f"sfchat join {self.relay_address or self.address} --token {self.token}{tls}"
+        return f"{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{self.port}"
 
     async def _accept(self, stream: trio.SocketStream) -> None:
         try:
@@ -194,11 +185,17 @@ class Host:
                 elif msg["t"] == "error":
                     raise ChannelClosed(str(msg.get("error")))
                 self.on_change()
+        except ChannelClosed as e:  # the reason a pass waiting on this member reports
+            m.error = m.error or str(e).removeprefix(f"{ch.name}: ") or "its connection closed"
+            raise
         finally:
-            m.state = "lost"
-            m.ready.set()
-            log.warning("member %d (%s) is gone", m.id, m.name)
-            self.on_change()
+            if m.state != "lost":
+                m.state, m.error = "lost", m.error or "its connection closed"
+                m.ready.set()
+                # the host ending the ring closes every member: that is no loss to warn about
+                log.log(logging.INFO if self.closing else logging.WARNING, "member %d (%s) lost: %s", m.id, m.name,
+                        m.error)
+                self.on_change()
 
     async def _returns(self, ch: Channel) -> None:
         """The last hop's results come back here; hand each to the pass waiting for it."""
@@ -413,6 +410,7 @@ class Host:
                 pass
 
     async def close(self) -> None:
+        self.closing = True
         for m in self.members:
             try:
                 with trio.move_on_after(1):
