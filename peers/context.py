@@ -17,12 +17,13 @@ def context_limit(config) -> int:
 
 
 def fit(render, messages: list[dict], limit: int, max_new_tokens: int) -> tuple[list[int], int, int]:
-    """(prompt ids, turns dropped from `messages` in place, tokens the answer may take) for render(messages).
+    """(prompt ids, messages left out, tokens the answer may take) for render(messages).
 
-    Drops the oldest user/assistant turns (a system message stays) until the prompt leaves room for
-    min(max_new_tokens, MIN_ANSWER) tokens; the latest user message is never dropped."""
+    Leaves out the oldest user/assistant messages (a system message stays) until the prompt leaves room for
+    min(max_new_tokens, MIN_ANSWER) tokens; the latest user message is never left out. `messages` itself is
+    kept whole (the chat as saved and shown)."""
     want = min(max_new_tokens, MIN_ANSWER)
-    dropped = 0
+    messages, dropped = list(messages), 0
     prompt = render(messages)
     while len(prompt) + want > limit:
         first = next((i for i, m in enumerate(messages[:-1]) if m["role"] != "system"), None)
@@ -31,5 +32,8 @@ def fit(render, messages: list[dict], limit: int, max_new_tokens: int) -> tuple[
                                f"(with {want} left for the answer): shorten it or split it into parts")
         del messages[first]
         dropped += 1
+        while first < len(messages) - 1 and messages[first]["role"] == "assistant":  # a turn goes whole
+            del messages[first]
+            dropped += 1
         prompt = render(messages)
     return prompt, dropped, min(max_new_tokens, limit - len(prompt))

@@ -235,42 +235,13 @@ def cmd_join(args) -> int:
         from .tui import run_peer
 
         return run_peer(args)
-    return trio.run(join_headless, args)
+    from .join import join_ring
 
+    def say(text: str) -> None:
+        print(f"sfchat join: {text}", file=sys.stderr, flush=True)
 
-async def join_headless(args) -> int:
-    from peers.peer import Peer
-
-    while True:
-        peer = Peer(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
-                    device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb, name=args.name,
-                    relay=args.relay, tls_pin=args.tls)
-        try:
-            await peer.run()
-            gone = "the host closed the ring"
-        except (ChannelClosed, OSError) as e:
-            if not (args.stay and peer.st.state != "connecting"):
-                raise
-            gone = f"lost the host ({e})"
-        if not args.stay:
-            print(f"sfchat join: {gone}", file=sys.stderr)
-            return 0
-        print(f"sfchat join: {gone}; waiting for it to come back (--stay; Ctrl+C ends)", file=sys.stderr)
-        await wait_for(args.address)
-
-
-async def wait_for(address: str, every_s: float = 2.0) -> None:
-    """Until something accepts connections at the host's address again."""
-    from peers import links
-
-    while True:
-        await trio.sleep(every_s)
-        try:
-            stream = await links.dial(address)
-        except OSError:
-            continue
-        await stream.aclose()
-        return
+    say(trio.run(join_ring, args, say))
+    return 0
 
 
 def cmd_config(args) -> int:

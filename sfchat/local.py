@@ -20,6 +20,11 @@ def _die_with_parent() -> None:
         pass  # not Linux: the parent still terminates its children on exit
 
 
+def local_name(i: int) -> str:
+    """local-a, local-b, …: letters, so no name reads like a member number (the host numbers members)."""
+    return "local-" + (chr(ord("a") + i) if i < 26 else str(i + 1))
+
+
 class LocalPeers:
     def __init__(self, n: int, host_addr: str, token: str, *, model: str | None = None, dtype: str = "float32",
                  quant: str = "none", extra: list[str] | None = None):
@@ -30,7 +35,7 @@ class LocalPeers:
         env = os.environ | {"SFCHAT_TOKEN": token}  # not in argv: any user of the machine reads that in `ps`
         for i in range(n):
             cmd = [sys.executable, "-m", "sfchat", "join", host_addr, "--headless",
-                   "--name", "local", "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant]
+                   "--name", local_name(i), "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant]
             if model:
                 cmd += ["--model", model]
             cmd += extra or []
