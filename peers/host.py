@@ -67,6 +67,7 @@ class Host:
     ring = property(lambda self: self.planner.ring)
     epoch = property(lambda self: self.planner.epoch)
     shard = property(lambda self: self.planner.shard)
+    first_hop = property(lambda self: self.planner.first_hop)
 
     async def wait_members(self, n: int, timeout: float = 120) -> None:
         await self.roster.wait(n, timeout)
@@ -187,10 +188,10 @@ class Host:
             send, recv = trio.open_memory_channel(1)
             self.waiting[(s.sid, seq)] = send
             try:
-                await self.planner.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
-                                                   "committed": committed, "n_logits": n_logits,
-                                                   "x": tensors.pack_tensor(h[:, :, :]), "trace": [],
-                                                   **({"parents": parents} if parents is not None else {})})
+                await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
+                                           "committed": committed, "n_logits": n_logits,
+                                           "x": tensors.pack_tensor(h[:, :, :]), "trace": [],
+                                           **({"parents": parents} if parents is not None else {})})
                 if sent is not None:
                     sent.set()  # the host's part is done: the round is on the wire
                 reply = await self._await_reply(recv, self.pass_timeout(len(ids)))
