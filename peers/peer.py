@@ -76,12 +76,12 @@ class Peer:
             my_port, self.advertise = got.port, self.advertise or got.relay_address or None
             stream = await TLSEndpoint.dial(await links.dial(self.host_addr), self.tls_pin)
             ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # the host pings every second
-            welcome = await client_handshake(ctl, self.token, "join", name=self.name)
+            await client_handshake(ctl, self.token, "join", name=self.name)
             offer = self.offer_gb * 2**30 if self.offer_gb is not None else free_bytes(self.device)
             await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
                             "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant,
                             "rss_bytes": rss_bytes(), "tls_fingerprint": self.tls.fingerprint})
-            log.info("joined %s as %s; data port %d", self.host_addr, welcome.get("member", "?"), my_port)
+            log.info("joined %s as %s; data port %d", self.host_addr, self.name, my_port)
             self._changed(state="joined")
             task_status.started(my_port)
             try:

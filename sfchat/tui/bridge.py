@@ -118,6 +118,7 @@ class Engine(Worker):
         self._first_messages = list(messages or [])
         self.host: Host | None = None
         self.lost_at: dict[int, int] = {}  # member id -> the ring epoch it was lost in
+        self.serving = False  # the ring is up and requests are read: a "quit" request ends it cleanly
 
     # --- called from the UI thread --------------------------------------------------------------------------
 
@@ -131,6 +132,14 @@ class Engine(Worker):
     def check_draft(self, spec: str) -> None:
         """Load the drafter `spec` (a settings word or model) now; DraftChecked says whether it works."""
         self._queue("draft", spec)
+
+    def close(self, timeout: float = 20) -> None:
+        """End the ring the way `sfchat host --headless` does (members told bye); cancel only if that hangs."""
+        if self.serving and self.thread.is_alive():
+            self.stop_answer(math.inf)
+            self._queue("quit")
+            self.thread.join(min(timeout, 10))
+        super().close(timeout)
 
     def stop_answer(self, n: int) -> None:
         self.stop_upto = max(self.stop_upto, n)  # read between rounds by should_stop; a plain int is thread-safe
@@ -179,7 +188,10 @@ class Engine(Worker):
             await self._use_drafter(a.draft)
             self._ring_changed()
             self.post(Ready(host.model_dir.name, self.drafter.name))
+            self.serving = True
             async for kind, *payload in self._inbox:
+                if kind == "quit":
+                    return  # leaves open_ring normally: its members hear "bye" and end as a normal end
                 if kind == "ask":
                     await self._ask(*payload)
                 elif kind == "draft":

@@ -90,7 +90,8 @@ class StatsPanel(Vertical):
             ("tokens/trip", f"{s['tokens_per_round']:.2f} avg, {r['committed']} last" if r else "—"),
             ("accepted", f"{pct(s.get('acceptance'))} ({s.get('accepted', 0)}/{s.get('drafted', 0)} drafts)"
              if s else "—"),
-            ("K", f"{s.get('drafted', 0) / rounds:.1f} drafts/trip avg, {r['k']} last{' (tree)' if r.get('tree') else ''}"
+            # K measured: drafts sent per trip (the setting, pinned or adaptive, is shown apart below)
+            ("K", f"{s.get('drafted', 0) / rounds:.1f} avg, {r['k']} last{' (tree)' if r.get('tree') else ''}"
              if r and rounds else "—"),
             ("last trip", ms(r.get("round_ms"))),
             ("  draft", ms(r.get("draft_ms"))),
@@ -103,8 +104,8 @@ class StatsPanel(Vertical):
     def show_session(self) -> None:
         t = self.totals
         self.query_one("#session", Static).update(_grid([
-            ("since start", f"{t['answers']} answers, {t['tokens']} tokens"
-                          + (f", {t['tokens'] / t['seconds']:.1f} tok/s" if t["seconds"] else ""))]))
+            ("since start", f"{t['answers']} answers, {t['tokens']} tokens"),
+            ("", f"{t['tokens'] / t['seconds']:.1f} tok/s avg" if t["seconds"] else "")]))
 
     def show_settings(self, temperature: float, k: int | None, drafter: str) -> None:
         self.query_one("#settings", Static).update(_grid([
