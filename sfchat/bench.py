@@ -310,21 +310,30 @@ def checks(rows: list[dict]) -> list[str]:
     return out
 
 
+CEILING_NOTE = ("ceiling: tok/round / (RTT + compute ms/round), what the mode would reach if the network cost "
+                "only its round-trip time")
+
+
 def print_tables(rows: list[dict], rtts: list[float], console) -> None:
+    """Transformers once (one process, no network: no RTT applies), then the ring's rows for each RTT."""
     from rich.table import Table
 
-    for rtt in rtts:
-        t = Table(title=f"RTT {rtt:g} ms", caption="transformers rows: one process, no network" if rtt else None)
+    local = [r for r in rows if r["mode"].startswith("transformers")]
+    groups = ([("transformers: one process, no network", local)] if local else []) + \
+        [(f"ring at RTT {rtt:g} ms", [r for r in rows if r["rtt_ms"] == rtt and r not in local]) for rtt in rtts]
+    for title, group in groups:
+        if not group:
+            continue
+        t = Table(title=title, caption=CEILING_NOTE, caption_justify="left")
         for col in ("mode", "tok/s", "tok/round", "accept", "compute ms/round", "ceiling tok/s", "of ceiling"):
             t.add_column(col, justify="left" if col == "mode" else "right")
-        for r in rows:
-            if r["rtt_ms"] == rtt or (r["mode"].startswith("transformers") and r["rtt_ms"] == 0):
-                t.add_row(r["mode"],
-                          f"{r['tokens_per_second']:.2f}", f"{r['tokens_per_round']:.2f}",
-                          "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}",
-                          f"{r['compute_ms_per_round']:.1f}",
-                          "-" if r["ceiling_tokens_per_second"] is None else f"{r['ceiling_tokens_per_second']:.2f}",
-                          "-" if r["fraction_of_ceiling"] is None else f"{r['fraction_of_ceiling']:.0%}")
+        for r in group:
+            t.add_row(r["mode"],
+                      f"{r['tokens_per_second']:.2f}", f"{r['tokens_per_round']:.2f}",
+                      "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}",
+                      f"{r['compute_ms_per_round']:.1f}",
+                      "-" if r["ceiling_tokens_per_second"] is None else f"{r['ceiling_tokens_per_second']:.2f}",
+                      "-" if r["fraction_of_ceiling"] is None else f"{r['fraction_of_ceiling']:.0%}")
         console.print(t)
 
 
