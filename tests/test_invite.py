@@ -151,3 +151,11 @@ def test_the_printed_invite_joins_from_another_machine(two_machines, tiny_llama)
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_the_relay_hint_never_names_a_wildcard():
+    from peers.relay import relay_hint
+
+    hint = relay_hint("0.0.0.0:7342")
+    assert " host --relay " in hint and "0.0.0.0" not in hint and hint.endswith(":7342")
+    assert relay_hint("ab12@10.0.0.7:7342").endswith(" host --relay ab12@10.0.0.7:7342")

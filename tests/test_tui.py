@@ -240,7 +240,7 @@ def test_slash_commands_refuse_bad_arguments_in_one_line_and_save_nothing_broken
                                ("/k 99", "/k: K must be auto or 0..32"),
                                ("/temp abc", "/temp: temperature must be a number in 0..5, got 'abc'"),
                                ("/temp -1", "/temp: temperature must be in 0..5"),
-                               ("/draft", "/draft: which drafter? on, off, ngram or a model"),
+                               ("/draft", "/draft: which drafter? auto (on), none (off), ngram or a model"),
                                ("/draft /nonexistent", "/draft: no draft model '/nonexistent'"),
                                ("/frobnicate", "unknown command /frobnicate; /help lists them")):
                 await pilot.press(*line, "enter")
@@ -282,3 +282,31 @@ def test_a_chat_past_the_context_drops_its_oldest_messages_and_says_so(tiny_llam
             assert len(scr.conv.messages) == 6
 
     asyncio.run(main())
+
+
+def test_the_ring_panel_shows_a_lost_member_until_the_ring_is_re_planned():
+    """A member lost and back (a new id): its old row goes once the ring is whole again, so each shows once."""
+    from types import SimpleNamespace
+
+    from sfchat.tui.bridge import Engine
+    from sfchat.tui.messages import RingChanged
+
+    posted = []
+    args = parser().parse_args(["host", "--listen", "0.0.0.0:7341", "--advertise", "chat.example.org"])
+    engine = Engine(args, posted.append)
+    row = lambda i, name, state: {"id": i, "name": name, "state": state}  # noqa: E731
+    host = SimpleNamespace(port=7341, listen="0.0.0.0:7341", token="t", relay_address="",
+                           tls=SimpleNamespace(enabled=False), epoch=2, members=[])
+    engine.host = host
+    for epoch, members in ((2, [row(1, "laptop", "ready")]),
+                           (2, [row(1, "laptop", "lost")]),  # lost: still shown, marked
+                           (2, [row(1, "laptop", "lost"), row(2, "laptop", "joining")]),
+                           (3, [row(1, "laptop", "lost"), row(2, "laptop", "ready")])):  # re-planned without it
+        host.epoch = epoch
+        host.members_info = lambda m=members: [{"id": 0, "name": "host", "address": "", "state": "ready"}] + m
+        engine._ring_changed()
+    shown = [[(m["id"], m["state"]) for m in msg.members] for msg in posted if isinstance(msg, RingChanged)]
+    assert shown == [[(0, "ready"), (1, "ready")], [(0, "ready"), (1, "lost")],
+                     [(0, "ready"), (1, "lost"), (2, "joining")], [(0, "ready"), (2, "ready")]]
+    assert posted[-1].members[0]["address"] == "chat.example.org:7341"  # the host row shows what the invite says
+    assert " join chat.example.org:7341 --token t" in posted[-1].invite

@@ -9,7 +9,7 @@ from sfchat.settings import parse_k, parse_temperature
 HELP = [
     ("/k N|auto", "pin the draft length K, or let it adapt"),
     ("/temp T", "sampling temperature, 0 = greedy (kept as your default)"),
-    ("/draft on|off|ngram|MODEL", "the best known drafter, none, prompt lookup, or a draft model"),
+    ("/draft auto|none|ngram|MODEL", "the best known drafter (on), none (off), prompt lookup, or a draft model"),
     ("/new", "start a new chat"),
     ("/chats", "reopen a saved chat"),
     ("/save [FILE.md]", "save now (chats save as they grow), or export as Markdown"),
@@ -23,14 +23,14 @@ DRAFT_WORDS = {"on": "auto", "auto": "auto", "off": "none", "none": "none", "ngr
 def check_draft(arg: str) -> str:
     """The setting for `/draft ARG`: a word, or a draft model that exists here (loading it is the engine's)."""
     if not arg:
-        raise ValueError("which drafter? on, off, ngram or a model")
+        raise ValueError("which drafter? auto (on), none (off), ngram or a model")
     if arg in DRAFT_WORDS:
         return DRAFT_WORDS[arg]
     from peers.models import DEFAULT_MODEL, hub_cache_snapshot
 
     if arg != DEFAULT_MODEL and not Path(arg).expanduser().exists() and hub_cache_snapshot(arg) is None:
-        raise ValueError(f"no draft model {arg!r}: on, off, ngram, a model directory, a .gguf file or a hub id "
-                         "in the local cache")
+        raise ValueError(f"no draft model {arg!r}: auto, none, ngram, a model directory, a .gguf file or a hub "
+                         "id in the local cache")
     return arg
 
 
