@@ -23,7 +23,9 @@ from .errors import RingError
 from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint, span_fingerprint
 from .memory import default_device, free_bytes, rss_bytes
-from .plan import split_layers
+from . import checkpoint
+from .errors import FitError
+from .plan import QUANT_BYTES, ModelSize, Offer, plan
 from .shard import DTYPES, SessionCache, Shard, Span, load_config
 from .threads import call_with_threads
 
@@ -39,6 +41,7 @@ class Member:
     device: str
     free_bytes: int
     dtype: str
+    quant: str = "none"
     state: str = "joining"  # joining, loading, ready, idle (no layers), failed, lost
     span: Span | None = None
     rtt_ms: float = math.nan
@@ -72,7 +75,7 @@ class Host:
                  device: str | None = None, dtype: str = "float32", quant: str = "none",
                  offer_gb: float | None = None, heartbeat_s: float = 1.0, dead_after_s: float = 4.0,
                  say=print, on_change=None, tls: bool = False,
-                 relay: str | None = None):
+                 relay: str | None = None, max_context: int | None = None):
         self.model_spec = model or models.DEFAULT_MODEL
         self.token = token or new_token()
         self.listen = listen
@@ -86,6 +89,9 @@ class Host:
         self.model_dir: Path = models.resolve(self.model_spec, say=say)
         self.config = load_config(self.model_dir)
         self.fingerprint = config_fingerprint(self.model_dir)
+        self.size = ModelSize.of(checkpoint.read_config(self.model_dir), checkpoint.tensor_shapes(self.model_dir))
+        self.max_context = max_context or self.size.default_context()
+        self.drafter_bytes = 0  # what a drafter built before the plan holds on the host
         self.members: list[Member] = []
         self.ring: list[Member] = []  # members with layers, in pass order
         self.shard: Shard | None = None
@@ -109,7 +115,10 @@ class Host:
             got = await nursery.start(links.serve, self._accept, self.listen, self.relay, links.host_endpoint())
             self.port, self.relay_address = got.port, got.relay_address
             self.nursery = nursery
-            await self.replan()  # the host alone, until members join
+            try:
+                await self.replan()  # the host alone, until members join
+            except FitError as e:  # members may yet join; a host that stays alone is told at its next plan
+                log.info("the host alone cannot hold the model: %s", e)
             nursery.start_soon(self._heartbeat)
             task_status.started(self.port)
 
@@ -165,7 +174,7 @@ class Host:
         addr = offer.get("advertise") or f"{ip}:{port}"
         m = Member(next(self.member_ids), str(hello.get("name", "peer"))[:40], ch, addr,
                    str(offer.get("device", "?"))[:20], validate.need(offer, "free_bytes", int, 0),
-                   str(offer.get("dtype", "float32")))
+                   str(offer.get("dtype", "float32")), str(offer.get("quant", "none")))
         m.rss_before = int(offer.get("rss_bytes") or 0)
         m.tls_fingerprint = str(offer.get("tls_fingerprint") or "")
         if self.tls.enabled and not m.tls_fingerprint:
@@ -243,19 +252,22 @@ class Host:
                 while sum(m.state != "lost" for m in self.members) < n:
                     await self.joined.wait()
 
-    def host_offer(self) -> float:
-        if self.offer_gb is not None:
-            return self.offer_gb * 2**30
-        # the embedding and head stay here whatever the plan, so they come off the host's budget
-        c = self.config
-        fixed = 2 * c.vocab_size * c.hidden_size * DTYPES[self.dtype].itemsize
-        return max(free_bytes(self.device) - fixed, 0)
+    def host_offer(self) -> int:
+        """What the host offers, the embedding, head and drafter included (the plan takes them off)."""
+        return int(self.offer_gb * 2**30) if self.offer_gb is not None else free_bytes(self.device)
+
+    def offers(self, live: list[Member]) -> list[Offer]:
+        return [Offer("host", self.host_offer(), self.dtype, self.quant)] + [
+            Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
+                  m.quant if m.quant in QUANT_BYTES else "none")
+            for m in live]
 
     async def replan(self) -> None:
         """Split the layers over the host and every live member, load, and wire the ring."""
         async with self.plan_lock:
             live = [m for m in self.members if m.state not in ("lost", "failed")]
-            spans = split_layers(self.config.num_hidden_layers, [self.host_offer()] + [m.free_bytes for m in live])
+            # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
+            spans = plan(self.size, self.offers(live), self.max_context, self.drafter_bytes)
             self.pending_epoch = epoch = self.epoch + 1
             ring = [m for m, s in zip(live, spans[1:]) if s.size]
             for m, s in zip(live, spans[1:]):
@@ -329,6 +341,8 @@ class Host:
             await trio.sleep(0.2 * (i + 1))
             try:
                 return await self.replan()
+            except FitError:  # the members left cannot hold the model: no retry helps
+                raise
             except RingError as e:  # a member failed while loading: it is excluded from the next plan
                 log.warning("re-plan failed: %s", e)
         raise RingError(f"could not re-form the ring after {attempts} attempts")

@@ -5,11 +5,14 @@ import os
 
 import torch
 
+from .plan import CUDA_MARGIN
+
 
 def free_bytes(device: str) -> int:
+    """What this process can offer the ring: free VRAM less a margin for the CUDA context, or available RAM."""
     if device.startswith("cuda") and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return free
+        return max(free - CUDA_MARGIN, 0)
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):

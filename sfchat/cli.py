@@ -29,6 +29,8 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="none, ngram, or a draft model (same names as --model); default: the best known")
     p.add_argument("--k", type=int, help="pin the draft length (default: adaptive)")
     p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-context", type=int, metavar="N",
+                   help="the longest conversation the ring plans memory for (default: the model's limit, at most 8192)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
