@@ -22,7 +22,7 @@ from .channel import Channel, ChannelClosed, parse_addr, peername
 from .errors import RingError
 from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint, span_fingerprint
-from .memory import default_device, free_bytes, rss_bytes
+from .memory import default_device, free_bytes, rss_bytes, usage
 from . import checkpoint
 from .errors import FitError
 from .plan import QUANT_BYTES, ModelSize, Offer, plan
@@ -45,9 +45,10 @@ class Member:
     state: str = "joining"  # joining, loading, ready, idle (no layers), failed, lost
     span: Span | None = None
     rtt_ms: float = math.nan
-    rss: int = 0
+    rss: int = 0  # memory in use (resident set on a CPU, allocated tensors on a GPU), as last reported
+    peak: int = 0  # the most it has used
     tls_fingerprint: str = ""
-    rss_before: int = 0  # before it loaded anything: rss - rss_before is what its span costs
+    rss_before: int = 0  # before it loaded its span: rss - rss_before is what the span costs
     last_seen: float = field(default_factory=time.monotonic)
     ready: trio.Event = field(default_factory=trio.Event)
     error: str = ""
@@ -56,7 +57,13 @@ class Member:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
                 "layers": str(self.span) if self.span else "", "state": self.state,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
-                "memory_bytes": self.rss, "free_bytes": self.free_bytes}
+                "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes}
+
+    def reported(self, msg: dict) -> None:
+        """Take the memory figures a pong or ready carries."""
+        self.rss = int(msg.get("memory_bytes") or self.rss)
+        self.peak = int(msg.get("peak_memory_bytes") or self.peak)
+        self.rss_before = int(msg.get("base_bytes") or self.rss_before)
 
 
 @dataclass
@@ -193,8 +200,10 @@ class Host:
                 m.last_seen = time.monotonic()
                 if msg["t"] == "pong" and isinstance(msg.get("n"), float):
                     m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
+                    m.reported(msg)
                 elif msg["t"] == "ready" and msg.get("epoch") == self.pending_epoch:
-                    m.state, m.rss = "ready", int(msg.get("rss_bytes") or 0)
+                    m.state = "ready"
+                    m.reported(msg)
                     m.ready.set()
                 elif msg["t"] == "fail":
                     m.state, m.error = "failed", str(msg.get("error"))
@@ -320,9 +329,10 @@ class Host:
             log.error("re-plan failed: %s", e)
 
     def members_info(self) -> list[dict]:
+        now, peak = usage(self.device)
         host = {"id": 0, "name": "host", "address": self.address, "device": self.device,
                 "layers": str(self.shard.span) if self.shard else "", "state": "ready", "rtt_ms": 0.0,
-                "memory_bytes": rss_bytes(), "free_bytes": int(self.host_offer())}
+                "memory_bytes": now, "peak_memory_bytes": peak, "free_bytes": int(self.host_offer())}
         return [host] + [m.info() for m in self.members]
 
     # --- one pass ------------------------------------------------------------------------------------------

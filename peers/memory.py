@@ -1,7 +1,9 @@
 """What a process can offer and what it uses: free device memory and resident set size."""
 from __future__ import annotations
 
+import ctypes
 import os
+import resource
 
 import torch
 
@@ -24,6 +26,27 @@ def rss_bytes(pid: int | None = None) -> int:
     """Resident set size of this process (or of `pid`)."""
     with open(f"/proc/{pid or os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def usage(device: str) -> tuple[int, int]:
+    """(now, peak) bytes this member uses: the device's allocated tensors on CUDA, the resident set on the CPU."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        d = torch.device(device)
+        return torch.cuda.memory_allocated(d), torch.cuda.max_memory_allocated(d)
+    return rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # (Linux: in KiB)
+
+
+def release_freed() -> None:
+    """Hand memory freed on the heap back to the OS. glibc keeps it otherwise, and a loader that frees a
+    full-precision tensor for each one it quantizes would grow by the fragments."""
+    try:
+        _libc().malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _libc():
+    return ctypes.CDLL("libc.so.6")
 
 
 def default_device() -> str:

@@ -15,7 +15,7 @@ import trio
 from . import links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
-from .memory import default_device, free_bytes, rss_bytes
+from .memory import default_device, free_bytes, rss_bytes, usage
 from .shard import Shard, Span
 from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint, span_fingerprint
@@ -33,6 +33,7 @@ class PeerState:
     span: Span | None = None
     device: str = "cpu"
     rss: int = 0
+    peak: int = 0
     sessions: int = 0
     frames: int = 0
     compute_ms: list[float] = field(default_factory=list)
@@ -61,6 +62,7 @@ class Peer:
         self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
         self.assign_lock = trio.Lock()
         self.st = PeerState(device=self.device, host=host_addr)
+        self.base_bytes = 0  # what it used just before it loaded its span
         self.on_change = on_change or (lambda st: None)
 
     def _changed(self, **kw) -> None:
@@ -93,7 +95,7 @@ class Peer:
             msg = await ctl.recv()
             t = msg["t"]
             if t == "ping":
-                await ctl.send({"t": "pong", "n": msg.get("n")})
+                await ctl.send({"t": "pong", "n": msg.get("n"), **self._memory()})
             elif t == "assign":  # loading takes a while: keep answering pings meanwhile
                 nursery.start_soon(self._take_assignment, ctl, msg)
             elif t == "drop":
@@ -112,7 +114,7 @@ class Peer:
         async with self.assign_lock:
             try:
                 await self._assign(msg)
-                await ctl.send({"t": "ready", "epoch": self.epoch, "rss_bytes": rss_bytes()})
+                await ctl.send({"t": "ready", "epoch": self.epoch, **self._memory()})
             except (models.ModelError, wire.WireError, AuthError, OSError, ChannelClosed, ValueError) as e:
                 log.error("cannot take the assignment: %s", e)
                 self._changed(state="failed", error=str(e))
@@ -120,6 +122,11 @@ class Peer:
                     await ctl.send({"t": "fail", "epoch": msg.get("epoch"), "error": str(e)})
                 except ChannelClosed:
                     pass
+
+    def _memory(self) -> dict:
+        now, peak = usage(self.device)
+        self._changed(rss=now, peak=peak)
+        return {"memory_bytes": now, "peak_memory_bytes": peak, "base_bytes": self.base_bytes}
 
     async def _assign(self, msg: dict) -> None:
         epoch = validate.need(msg, "epoch", int, 0)
@@ -139,6 +146,7 @@ class Peer:
                                     f"differ ({mine[:12]} here, {str(theirs)[:12]} at the host); pass the same --model")
         if self.shard is None or self.shard.span != span or self.shard_dir != model_dir:
             self.shard = None  # free the old span before loading the new one
+            self.base_bytes = usage(self.device)[0]
             t0 = time.monotonic()
             self.shard = await trio.to_thread.run_sync(
                 lambda: Shard(model_dir, span, embed=False, head=False, dtype=self.dtype,
@@ -155,7 +163,7 @@ class Peer:
         self.next = Channel(stream, f"next {nxt}")
         await client_handshake(self.next, self.token, "data")
         self.epoch = epoch
-        self._changed(state="ready", next_hop=nxt, rss=rss_bytes(), sessions=0)
+        self._changed(state="ready", next_hop=nxt, sessions=0)
 
     async def _serve_data(self, stream: trio.SocketStream) -> None:
         try:

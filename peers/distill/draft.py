@@ -31,7 +31,8 @@ from ..drafters import Drafter, common_prefix, followers, lookup
 from ..fingerprint import config_fingerprint
 from ..models import DEFAULT_MODEL, ModelError
 from ..sampling import SamplingParams, draw, position_generator
-from ..shard import _weight_files, load_config, rollback_cache
+from ..checkpoint import weight_files as _weight_files
+from ..shard import load_config, rollback_cache
 from ..threads import torch_threads
 from .. import tree
 from ..tree import BRANCHES, Draft, depth_first
