@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import FitError
-from .span import Span
 
 GB = 1e9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -20,6 +19,26 @@ QUANT_BYTES = {"int8": 1.0, "nf4": 0.5 + 1 / 64 + 4 / (64 * 256)}
 CUDA_MARGIN = 1 << 30  # what the CUDA context, cuBLAS workspaces and allocator slack take beyond the tensors
 MAX_CONTEXT = 8192  # the default --max-context: the model's own limit, capped here
 MAX_PASS_POSITIONS = 1024  # a longer pass (prefill, replay) is cut into chunks of at most this many positions
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Layers [start, end) of a model with n_layers decoder layers."""
+
+    start: int
+    end: int
+    n_layers: int
+
+    def __post_init__(self):
+        if not 0 <= self.start <= self.end <= self.n_layers:
+            raise ValueError(f"bad layer span {self.start}..{self.end} of {self.n_layers}")
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def __str__(self) -> str:
+        return f"{self.start}-{self.end - 1}" if self.size else "none"
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from . import tree
 from .checkpoint import weight_files
 from .memory import release_freed
 from .models import ModelError
-from .span import Span  # noqa: F401 (re-exported: callers import it from here)
+from .plan import Span
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
