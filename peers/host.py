@@ -14,17 +14,17 @@ import time
 import torch
 import trio
 
-from . import checkpoint, links, models, tensors, validate, wire
+from . import checkpoint, device, links, models, tensors, validate, wire
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr, peername
 from .errors import FitError, RingError
 from .fingerprint import config_fingerprint
 from .memory import default_device, usage
 from .membership import Member, Roster
-from .plan import ModelSize
+from .plan import ModelSize, pass_chunks
 from .planning import Planner, Target
 from .ring_session import RingSession
-from .shard import load_config
+from .shard import DTYPES, load_config
 from .threads import call_with_threads
 from .tls import Endpoint as TLSEndpoint
 
@@ -185,46 +185,81 @@ class Host:
             s.restart(self.epoch, self.shard.new_session())
         ids, n_logits = tokens[committed:] + drafts, len(drafts) + 1
         t0 = time.perf_counter()
-        x = torch.tensor([ids], dtype=torch.long)
-        h = await trio.to_thread.run_sync(call_with_threads, self.threads, self.shard.forward, s.cache, committed,
-                                           x, parents, limiter=self.compute)
-        host_ms = (time.perf_counter() - t0) * 1e3
-        trace: list = []
-        if self.ring:
-            seq = next(self.seq)
-            send, recv = trio.open_memory_channel(1)
-            self.waiting[(s.sid, seq)] = send
-            try:
-                await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
-                                           "committed": committed, "n_logits": n_logits,
-                                           "x": tensors.pack_tensor(h[:, :, :]), "trace": [],
-                                           **({"parents": parents} if parents is not None else {})})
-                if sent is not None:
-                    sent.set()  # the host's part is done: the round is on the wire
-                reply = await self._await_reply(recv, self.pass_timeout(len(ids)))
-            except (ChannelClosed, trio.TooSlowError) as e:
-                s.lost()
-                raise RingError(f"the ring did not answer: {e}") from None
-            finally:
-                del self.waiting[(s.sid, seq)]
-            if reply["t"] == "fail":
-                s.lost()
-                raise RingError(str(reply.get("error")))
-            try:
-                h = validate.forward_frame(reply, self.config.hidden_size)
-            except wire.WireError as e:
-                raise RingError(f"the last member returned a bad frame: {e}") from None
-            trace = reply["trace"]
+        # a long pass (a prompt, a replay) goes round in chunks that each fit a frame, the drafts in the last; each
+        # chunk's `committed` is what the chunks before it left in every stage (the rollback rule, chunk by chunk)
+        chunks = pass_chunks(len(ids), self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize,
+                             wire.MAX_FRAME, tail=n_logits)
+        outs, host_ms, trace = [], 0.0, {}
+        for a, b in chunks:
+            last = b == len(ids)
+            h, ms, chunk_trace = await self._chunk(s, committed + a, ids[a:b], parents if last else None,
+                                                   n_logits if last else 1, sent if last else None)
+            outs.append(h)
+            host_ms += ms
+            for name, peer_ms in chunk_trace:
+                trace[name] = trace.get(name, 0.0) + peer_ms
+            s.passed(committed, b)
+        h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         t1 = time.perf_counter()
-        feats, logits = await trio.to_thread.run_sync(call_with_threads, self.threads, self.shard.finish, h[0],
-                                                      n_logits, limiter=self.compute)
+        feats, logits = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish, h[0], n_logits,
+                                                      limiter=self.compute)
         s.features = (committed, ids, feats)  # what a feature draft reads next
         head_ms = (time.perf_counter() - t1) * 1e3
-        s.passed(committed, len(ids))
         total_ms = (time.perf_counter() - t0) * 1e3
-        peers_ms = sum(ms for _, ms in trace)
-        return logits, {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms,
-                           "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
+        peers_ms = sum(trace.values())
+        return logits, {"host_ms": host_ms + head_ms, "peers": [[n, ms] for n, ms in trace.items()],
+                        "peers_ms": peers_ms, "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0),
+                        "pass_ms": total_ms}
+
+    async def _chunk(self, s: RingSession, committed: int, ids: list[int], parents: list[int] | None,
+                     n_logits: int, sent: trio.Event | None) -> tuple[torch.Tensor, float, list]:
+        """Positions committed.. of one pass through the host's layers and round the ring: the last hidden states,
+        the host's milliseconds, and each member's."""
+        t0 = time.perf_counter()
+        x = torch.tensor([ids], dtype=torch.long)
+        h, packed = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage, s.cache,
+                                                  committed, x, parents, bool(self.ring), limiter=self.compute)
+        host_ms = (time.perf_counter() - t0) * 1e3
+        if not self.ring:
+            return h, host_ms, []
+        seq = next(self.seq)
+        send, recv = trio.open_memory_channel(1)
+        self.waiting[(s.sid, seq)] = send
+        try:
+            await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
+                                       "committed": committed, "n_logits": n_logits, "x": packed, "trace": [],
+                                       **({"parents": parents} if parents is not None else {})})
+            if sent is not None:
+                sent.set()  # the host's part is done: the round is on the wire
+            reply = await self._await_reply(recv, self.pass_timeout(len(ids)))
+        except (ChannelClosed, trio.TooSlowError) as e:
+            s.lost()
+            raise RingError(f"the ring did not answer: {e}") from None
+        finally:
+            del self.waiting[(s.sid, seq)]
+        if reply["t"] == "fail":
+            s.lost()
+            if reply.get("oom"):
+                self.roster.out_of_memory(reply.get("member"), str(reply.get("error")))
+            raise RingError(str(reply.get("error")))
+        try:
+            h = validate.forward_frame(reply, self.config.hidden_size)
+        except wire.WireError as e:
+            raise RingError(f"the last member returned a bad frame: {e}") from None
+        return h, host_ms, reply["trace"]
+
+    def _first_stage(self, cache, committed: int, x: torch.Tensor, parents, pack: bool):
+        """(worker thread) The host's layers, finished on the device before they are timed, and the frame's copy
+        of them made here rather than on trio's thread."""
+        h = self.shard.forward(cache, committed, x, parents)
+        device.finish(self.device)
+        return h, (tensors.pack_tensor(h) if pack else None)
+
+    def _finish(self, h: torch.Tensor, n_logits: int):
+        """(worker thread) Features and logits, finished on the device before the pass's time is taken."""
+        feats, logits = self.shard.finish(h, n_logits)
+        device.finish(self.device)
+        return feats, logits
 
     async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:
         """The pass's result, or RingError as soon as a ring member is declared lost."""

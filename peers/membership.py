@@ -41,6 +41,7 @@ class Member:
     last_seen: float = field(default_factory=time.monotonic)
     ready: trio.Event = field(default_factory=trio.Event)
     error: str = ""
+    oom: bool = False  # it failed by running out of memory (error says how)
 
     def info(self) -> dict:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
@@ -121,7 +122,7 @@ class Roster:
             m.reported(msg)
             m.ready.set()
         elif msg["t"] == "fail":
-            m.state, m.error = "failed", str(msg.get("error"))
+            m.state, m.error, m.oom = "failed", str(msg.get("error")), bool(msg.get("oom"))
             log.error("member %d cannot serve: %s", m.id, m.error)
             m.ready.set()
         elif msg["t"] == "error":
@@ -143,6 +144,15 @@ class Roster:
                 except ChannelClosed:
                     await self.lose(m, "its control link broke")
             await trio.sleep(self.heartbeat_s)
+
+    def out_of_memory(self, member_id: object, error: str) -> None:
+        """A member ran out of memory in a pass (its failure came round the ring): planned out from now on."""
+        for m in self.members:
+            if m.id == member_id and m.state not in ("lost", "failed"):
+                m.state, m.error, m.oom = "failed", error, True
+                m.ready.set()
+                log.error("%s", error)
+                self.on_change()
 
     async def lose(self, m: Member, why: str) -> None:
         if m.state == "lost":

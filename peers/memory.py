@@ -7,7 +7,7 @@ import resource
 
 import torch
 
-from .plan import CUDA_MARGIN
+from .plan import CUDA_MARGIN, size
 
 
 def free_bytes(device: str) -> int:
@@ -51,3 +51,25 @@ def _libc():
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def is_oom(e: BaseException) -> bool:
+    """An allocator that could not allocate: CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+
+
+def oom_line(who: str, device: str, doing: str) -> str:
+    """One line for the host and the user: who ran out, doing what, with its numbers."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()  # what the failed step held goes back before free memory is read
+    now, peak = usage(device)
+    return (f"{who} ran out of memory on {device} {doing} ({size(now)} in use, peak {size(peak)}, "
+            f"{size(free_bytes(device))} free)")
+
+
+def injected_failure(who: str, stage: str, device: str) -> None:
+    """Tests only: SFCHAT_TEST_OOM=NAME:STAGE (load or pass) has member NAME ask its device's allocator for a
+    pebibyte at that stage, so a real allocation failure travels the real path."""
+    if os.environ.get("SFCHAT_TEST_OOM") == f"{who}:{stage}":
+        torch.empty(1 << 50, dtype=torch.uint8, device=device)
