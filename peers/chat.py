@@ -8,7 +8,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, GenerationConfig
 
 from .adaptive import KPolicy
-from .drafters import Drafter, common_prefix
+from .drafting import Drafter, common_prefix
 from .generate import Result, generate
 from .host import Host
 from .sampling import SamplingParams
