@@ -10,7 +10,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from .adaptive import KPolicy
 from .context import ContextError, context_limit, fit
-from .drafters import Drafter, common_prefix
+from .drafting import Drafter, common_prefix
 from .generate import Result, generate
 from .host import Host
 from .sampling import SamplingParams

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import trio
 
 from peers.chat import eos_ids, load_tokenizer
-from peers.drafters import make_drafter
+from peers.drafting import make_drafter
 from peers.host import Host
 from sfchat import invite
 from sfchat.local import LocalPeers
