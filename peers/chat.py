@@ -69,12 +69,16 @@ class Chat:
     async def reply(self, user_text: str, *, drafter: Drafter, params: SamplingParams, policy: KPolicy,
                     max_new_tokens: int, on_text=None, on_round=None, should_stop=None) -> tuple[str, Result]:
         self.messages.append({"role": "user", "content": user_text})
+        model_limit = context_limit(self.host.config)
+        limit = min(model_limit, self.host.max_context)
         try:
-            prompt, self.dropped, max_new_tokens = fit(partial(render, self.tokenizer), self.messages,
-                                                       min(context_limit(self.host.config), self.host.max_context),
+            prompt, self.dropped, max_new_tokens = fit(partial(render, self.tokenizer), self.messages, limit,
                                                        max_new_tokens)
-        except ContextError:
+        except ContextError as e:
             self.messages.pop()  # refused: the conversation stays as it was
+            if limit < model_limit:  # the ring made room for less than the model takes
+                raise ContextError(e.tokens, e.limit, e.answer, "the ring's context (--max-context)",
+                                   f", or start the host with a larger --max-context (up to {model_limit:,})") from None
             raise
         # keep the ring's caches for the part of the conversation that renders the same as what it holds
         common = common_prefix(prompt, self.tokens)

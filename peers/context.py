@@ -9,7 +9,13 @@ MIN_ANSWER = 64  # tokens kept free for an answer when dropping turns (fewer if 
 
 
 class ContextError(ValueError):
-    """A prompt that does not fit the model's context; the message is one line for the user."""
+    """A prompt that does not fit the context; the message is one line for the user: how long, the limit, what
+    to do (`why` names the limit, `fix` adds a remedy)."""
+
+    def __init__(self, tokens: int, limit: int, answer: int, why: str = "the model's context", fix: str = ""):
+        super().__init__(f"the prompt is {tokens:,} tokens but {why} holds {limit:,} (with {answer} left for the "
+                         f"answer): shorten it or split it into parts{fix}")
+        self.tokens, self.limit, self.answer = tokens, limit, answer
 
 
 def context_limit(config) -> int:
@@ -28,8 +34,7 @@ def fit(render, messages: list[dict], limit: int, max_new_tokens: int) -> tuple[
     while len(prompt) + want > limit:
         first = next((i for i, m in enumerate(messages[:-1]) if m["role"] != "system"), None)
         if first is None:
-            raise ContextError(f"the prompt is {len(prompt):,} tokens but the model's context holds {limit:,} "
-                               f"(with {want} left for the answer): shorten it or split it into parts")
+            raise ContextError(len(prompt), limit, want)
         del messages[first]
         dropped += 1
         while first < len(messages) - 1 and messages[first]["role"] == "assistant":  # a turn goes whole
