@@ -71,7 +71,8 @@ class Chat:
         self.messages.append({"role": "user", "content": user_text})
         try:
             prompt, self.dropped, max_new_tokens = fit(partial(render, self.tokenizer), self.messages,
-                                                       context_limit(self.host.config), max_new_tokens)
+                                                       min(context_limit(self.host.config), self.host.max_context),
+                                                       max_new_tokens)
         except ContextError:
             self.messages.pop()  # refused: the conversation stays as it was
             raise

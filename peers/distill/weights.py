@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from ..drafting.feature_net import META_FILE, SHARED, VOCAB_FILE, FeatureDraft, target_tensors, build
-from ..shard import _weight_files, load_config
+from ..checkpoint import weight_files as _weight_files
+from ..shard import load_config
 
 
 def choose_vocab(counts: torch.Tensor, size: int, always: set[int]) -> list[int]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..shard import _weight_files
+from ..checkpoint import weight_files as _weight_files
 
 VOCAB_FILE = "draft_vocab.json"  # [target id of head row 0, of row 1, ...]
 META_FILE = "distill.json"  # the recipe, the counts reached, the target's identity, measured agreement
