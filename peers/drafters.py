@@ -7,6 +7,7 @@ however many tokens were drafted ahead while a round was on the wire.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from pathlib import Path
@@ -42,6 +43,10 @@ class Drafter:
         reckoning) that the target accepts it and every draft before it, times `prior` (the chance of the drafts
         this call continues); it stops after the first token whose chance falls below `floor`."""
         return [], None
+
+    def fork(self) -> "Drafter":
+        """A drafter for another conversation running at the same time: the same weights, its own state."""
+        return copy.copy(self)
 
     def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
         """After a ring pass: the tokens at positions start.. and the target's final hidden states there (for
@@ -131,6 +136,10 @@ class ModelDrafter(Drafter):
             self.step = torch.compile(self.model, mode="reduce-overhead", fullgraph=False)
         self.seen: list[int] = []  # tokens whose keys and values are in self.cache
         self.next_logits: torch.Tensor | None = None  # logits after the last token of self.seen
+
+    def fork(self) -> "ModelDrafter":
+        return ModelDrafter(None, self.target_vocab, device=self.device, name=self.name, static=self.static,
+                            max_len=self.max_len, model=self.model)
 
     def reset(self) -> None:
         self.cache.crop(-len(self.seen)) if self.seen else None

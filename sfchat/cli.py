@@ -14,6 +14,7 @@ from peers.auth import AuthError
 from peers.channel import ChannelClosed
 from peers.errors import RingError
 
+SERVE_DEFAULT = "127.0.0.1:8000"
 MODEL_HELP = "a model directory, a hub id in the local Hugging Face cache, a .gguf file, or smollm2-135m (default)"
 
 
@@ -33,6 +34,13 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int)
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--insecure-no-key", action="store_true", help="allow serving beyond loopback without --api-key")
+    p.add_argument("--max-conversations", type=int, metavar="N",
+                   help="answers generated at once; more wait in line (default: what the ring's free memory holds)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,7 +69,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls", action="store_true", help="encrypt every ring link (self-signed, pinned by the invite)")
     p.add_argument("--resume", nargs="?", const="last", metavar="CHAT",
                    help="reopen the latest saved chat, or the one named (the TUI)")
+    p.add_argument("--serve", nargs="?", const=SERVE_DEFAULT, metavar="HOST:PORT",
+                   help=f"also serve the OpenAI-compatible endpoint (default {SERVE_DEFAULT})")
+    _serve_args(p)
     p.set_defaults(temperature=None)  # unset: the user's setting (`sfchat config`), 0.7 out of the box
+
+    p = sub.add_parser("serve", help="host a ring and serve it as an OpenAI-compatible endpoint (headless)")
+    _model_args(p)
+    _gen_args(p)
+    p.add_argument("--listen", dest="serve", default=SERVE_DEFAULT, metavar="HOST:PORT",
+                   help=f"where the endpoint listens (default {SERVE_DEFAULT})")
+    p.add_argument("--ring-listen", dest="listen", default="127.0.0.1:7340", metavar="HOST:PORT",
+                   help="HOST:PORT to accept members on (0.0.0.0 for a LAN)")
+    p.add_argument("--token", help="join token (default: a random one)")
+    p.add_argument("--wait-peers", type=int, default=0, metavar="N", help="wait for N joiners before serving")
+    p.add_argument("--relay", metavar="HOST:PORT", help="also be reachable through this relay (the invite uses it)")
+    p.add_argument("--tls", action="store_true", help="encrypt every ring link (self-signed, pinned by the invite)")
+    _serve_args(p)
 
     p = sub.add_parser("config", help="print the path of the settings file (written with defaults if missing)")
 
@@ -166,6 +190,12 @@ def cmd_join(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from .serve.command import serve_command
+
+    return trio.run(serve_command, args)
+
+
 def cmd_config(args) -> int:
     from . import settings
 
@@ -194,8 +224,8 @@ def cmd_distill(args) -> int:
     return run(args)
 
 
-COMMANDS = {"pull": cmd_pull, "ask": cmd_ask, "host": cmd_host, "join": cmd_join, "config": cmd_config,
-            "relay": cmd_relay, "bench": cmd_bench, "distill": cmd_distill}
+COMMANDS = {"pull": cmd_pull, "ask": cmd_ask, "host": cmd_host, "serve": cmd_serve, "join": cmd_join,
+            "config": cmd_config, "relay": cmd_relay, "bench": cmd_bench, "distill": cmd_distill}
 
 
 def finite(x):
