@@ -44,6 +44,7 @@ class Member:
     rtt_ms: float = math.nan
     rss: int = 0
     tls_fingerprint: str = ""
+    sessions: int = 0  # conversations whose caches it holds (as of its last pong)
     rss_before: int = 0  # before it loaded anything: rss - rss_before is what its span costs
     last_seen: float = field(default_factory=time.monotonic)
     ready: trio.Event = field(default_factory=trio.Event)
@@ -53,7 +54,7 @@ class Member:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
                 "layers": str(self.span) if self.span else "", "state": self.state,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
-                "memory_bytes": self.rss, "free_bytes": self.free_bytes}
+                "memory_bytes": self.rss, "free_bytes": self.free_bytes, "conversations": self.sessions}
 
 
 @dataclass
@@ -184,6 +185,7 @@ class Host:
                 m.last_seen = time.monotonic()
                 if msg["t"] == "pong" and isinstance(msg.get("n"), float):
                     m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
+                    m.sessions = int(msg.get("sessions") or 0)
                 elif msg["t"] == "ready" and msg.get("epoch") == self.pending_epoch:
                     m.state, m.rss = "ready", int(msg.get("rss_bytes") or 0)
                     m.ready.set()

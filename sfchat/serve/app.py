@@ -18,6 +18,7 @@ from .request import parse
 
 log = logging.getLogger("sfchat.serve")
 MAX_BODY = 4 * 2**20  # a chat that fills any context we serve is far smaller
+MAX_DRAIN = 64 * 2**20
 
 
 def model_id(host) -> str:
@@ -31,11 +32,17 @@ def error_response(e: ApiError) -> JSONResponse:
 
 
 async def read_body(request: Request) -> bytes:
-    body = bytearray()
+    """The body, up to MAX_BODY. One beyond that is read on and thrown away (a client that is still sending would
+    miss our answer if we closed on it) up to MAX_DRAIN, past which the connection is simply dropped."""
+    body, seen = bytearray(), 0
     async for piece in request.stream():
-        body += piece
-        if len(body) > MAX_BODY:
-            raise ApiError(413, f"the request body is over {MAX_BODY // 2**20} MiB")
+        seen += len(piece)
+        if seen <= MAX_BODY:
+            body += piece
+        elif seen > MAX_DRAIN:
+            break
+    if seen > MAX_BODY:
+        raise ApiError(413, f"the request body is over {MAX_BODY // 2**20} MiB")
     return bytes(body)
 
 

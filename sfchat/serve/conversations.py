@@ -135,7 +135,9 @@ class Conversations:
                                     should_stop=lambda: stops.hit)
         except RingError as e:
             raise ApiError(503, f"the ring failed: {e}", code="ring_failed") from None
-        if tail := stops.flush():
+        # what the stream held back (a character half decoded when the answer ended) goes out as the full decode has it
+        full = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        if tail := stops.push(full[len(text.text):]) + stops.flush():
             emit(tail)
         s = result.stats.summary()
         stats = {k: s[k] for k in ("tokens_per_round", "acceptance", "tokens_per_second", "rounds", "drafted",
