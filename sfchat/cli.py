@@ -165,6 +165,10 @@ def cmd_host(args) -> int:
     from . import settings
 
     settings.apply_to_args(args, settings.load())
+    if args.serve:
+        from .serve.command import check_args
+
+        check_args(args)
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
         if args.resume:
             raise ValueError("--resume reopens a chat on the chat screen: run it in a terminal, without --headless")
@@ -191,8 +195,9 @@ def cmd_join(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .serve.command import serve_command
+    from .serve.command import check_args, serve_command
 
+    check_args(args)
     return trio.run(serve_command, args)
 
 

@@ -5,8 +5,18 @@ import trio
 
 from sfchat.runtime import Ring, build_host, drafter_for, open_ring, say
 
+from peers.channel import parse_addr
+
+from .auth import check_exposure
 from .conversations import Conversations
 from .server import serve_api
+
+
+def check_args(args) -> None:
+    """Before anything loads: a bad address, an open port without a key, a limit below one."""
+    check_exposure(parse_addr(args.serve)[0], args.api_key, args.insecure_no_key)
+    if args.max_conversations is not None and args.max_conversations < 1:
+        raise ValueError("--max-conversations must be at least 1")
 
 
 async def start(nursery: trio.Nursery, ring: Ring, drafter, args, on_change=None) -> tuple[Conversations, str]:

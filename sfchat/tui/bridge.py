@@ -116,6 +116,8 @@ class Engine(Worker):
         self._early: list[tuple] = []  # requests made before trio started
         self._first_messages = list(messages or [])
         self.host: Host | None = None
+        self.serving = None  # the endpoint's conversations, with --serve
+        self.serve_url = ""
 
     # --- called from the UI thread --------------------------------------------------------------------------
 
@@ -143,7 +145,11 @@ class Engine(Worker):
 
     def _ring_changed(self) -> None:
         if self.host is not None and self.host.port:
-            self.post(RingChanged(self.host.members_info(), self.host.invite()))
+            serving = ""
+            if self.serving is not None:
+                st = self.serving.status()
+                serving = f"{self.serve_url}/v1 · {st['in_flight']} request(s) in flight, {st['waiting']} waiting"
+            self.post(RingChanged(self.host.members_info(), self.host.invite(), serving))
 
     async def main(self) -> None:
         with self._lock:  # before any checkpoint, so these stay ahead of requests sent through the token
@@ -162,14 +168,20 @@ class Engine(Worker):
             self.policy = KPolicy()
             self.drafter, self.draft_spec = None, object()
             await self._use_drafter(a.draft)
-            self._ring_changed()
-            self.post(Ready(host.model_dir.name, self.drafter.name))
-            async for kind, *payload in self._inbox:
-                if kind == "ask":
-                    await self._ask(*payload)
-                elif kind == "load":
-                    await host.drop(self.chat.rs)
-                    self.chat = Chat(host, ring.tokenizer, ring.eos, messages=payload[0])
+            async with trio.open_nursery() as nursery:
+                if getattr(a, "serve", None):  # the endpoint in this same loop, beside the chat
+                    from sfchat.serve.command import start
+
+                    self.serving, self.serve_url = await start(nursery, ring, self.drafter, a,
+                                                               on_change=self._ring_changed)
+                self._ring_changed()
+                self.post(Ready(host.model_dir.name, self.drafter.name))
+                async for kind, *payload in self._inbox:
+                    if kind == "ask":
+                        await self._ask(*payload)
+                    elif kind == "load":
+                        await host.drop(self.chat.rs)
+                        self.chat = Chat(host, ring.tokenizer, ring.eos, messages=payload[0])
 
     async def _use_drafter(self, spec: str | None) -> None:
         if spec != self.draft_spec:

@@ -1,4 +1,5 @@
-"""The ring panel: every member with address, layers, device, memory, round-trip time and state; the invite."""
+"""The ring panel: every member with address, layers, device, memory, round-trip time, the conversations whose
+caches it holds and its state; the invite, and the endpoint with its requests in flight when serving."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -9,8 +10,8 @@ from textual.widgets import DataTable, Static
 
 from .fmt import ms, size
 
-COLUMNS = ("name", "address", "layers", "device", "memory", "rtt", "state")
-WIDTHS = {"layers": 7, "memory": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
+COLUMNS = ("name", "address", "layers", "device", "memory", "rtt", "conv", "state")
+WIDTHS = {"layers": 7, "memory": 8, "rtt": 8, "conv": 4, "state": 8}  # these change in place: fixed, so no re-layout
 STATE_STYLES = {"ready": "$success", "joining": "$warning", "loading": "$warning", "idle": "$text-muted",
                 "lost": "$error", "failed": "$error"}
 
@@ -23,7 +24,7 @@ class RingPanel(Horizontal):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.border_title = "ring"
-        self.invite = ""
+        self.invite = self.serving = ""
 
     def compose(self) -> ComposeResult:
         yield DataTable(id="members", cursor_type="none", show_cursor=False, zebra_stripes=True)
@@ -34,10 +35,11 @@ class RingPanel(Horizontal):
         for name in COLUMNS:
             table.add_column(name, key=name, width=WIDTHS.get(name))
 
-    def show(self, members: list[dict], invite: str) -> None:
+    def show(self, members: list[dict], invite: str, serving: str = "") -> None:
         table = self.query_one(DataTable)
         rows = {str(m["id"]): (m["name"], m["address"], m["layers"] or "—", m["device"], size(m["memory_bytes"]),
-                               ms(m["rtt_ms"]), state_cell(m["state"])) for m in members}
+                               ms(m["rtt_ms"]), str(m.get("conversations", "—")), state_cell(m["state"]))
+                for m in members}
         if list(rows) != [key.value for key in table.rows]:  # members came or went: rebuild
             table.clear()
             for key, cells in rows.items():
@@ -47,7 +49,8 @@ class RingPanel(Horizontal):
                 for column, value in zip(COLUMNS, cells):
                     if table.get_cell(key, column) != value:
                         table.update_cell(key, column, value)
-        if invite != self.invite:
-            self.invite = invite
+        if (invite, serving) != (self.invite, self.serving):
+            self.invite, self.serving = invite, serving
             self.query_one("#invite", Static).update(Text.assemble(
-                ("invite", "bold"), " (Ctrl+T copies it); on another machine run:\n", (invite, "bold")))
+                ("invite", "bold"), " (Ctrl+T copies it); on another machine run:\n", (invite, "bold"),
+                *((("\n"), ("serving", "bold"), " ", serving) if serving else ())))
