@@ -1,5 +1,5 @@
-"""The ring panel: every member with address, layers, device, memory, round-trip time, the conversations whose
-caches it holds and its state; the invite, and the endpoint with its requests in flight when serving."""
+"""The ring panel: every member with address, layers, device, memory, round-trip time and state; the invite; with
+--serve, the endpoint, its requests in flight and the conversations each member holds caches for."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -10,8 +10,8 @@ from textual.widgets import DataTable, Static
 
 from .fmt import ms, size
 
-COLUMNS = ("name", "address", "layers", "device", "memory", "rtt", "conv", "state")
-WIDTHS = {"layers": 7, "memory": 8, "rtt": 8, "conv": 4, "state": 8}  # these change in place: fixed, so no re-layout
+COLUMNS = ("name", "address", "layers", "device", "memory", "rtt", "state")
+WIDTHS = {"layers": 7, "memory": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
 STATE_STYLES = {"ready": "$success", "joining": "$warning", "loading": "$warning", "idle": "$text-muted",
                 "lost": "$error", "failed": "$error"}
 
@@ -38,8 +38,7 @@ class RingPanel(Horizontal):
     def show(self, members: list[dict], invite: str, serving: str = "") -> None:
         table = self.query_one(DataTable)
         rows = {str(m["id"]): (m["name"], m["address"], m["layers"] or "—", m["device"], size(m["memory_bytes"]),
-                               ms(m["rtt_ms"]), str(m.get("conversations", "—")), state_cell(m["state"]))
-                for m in members}
+                               ms(m["rtt_ms"]), state_cell(m["state"])) for m in members}
         if list(rows) != [key.value for key in table.rows]:  # members came or went: rebuild
             table.clear()
             for key, cells in rows.items():
@@ -49,8 +48,11 @@ class RingPanel(Horizontal):
                 for column, value in zip(COLUMNS, cells):
                     if table.get_cell(key, column) != value:
                         table.update_cell(key, column, value)
+        if serving:
+            serving += " · caches held: " + ", ".join(f"{m['name']} {m['conversations']}" for m in members
+                                                      if m.get("conversations") is not None and m["layers"])
         if (invite, serving) != (self.invite, self.serving):
             self.invite, self.serving = invite, serving
             self.query_one("#invite", Static).update(Text.assemble(
                 ("invite", "bold"), " (Ctrl+T copies it); on another machine run:\n", (invite, "bold"),
-                *((("\n"), ("serving", "bold"), " ", serving) if serving else ())))
+                *(("\n", ("serving", "bold"), " ", serving) if serving else ())))
