@@ -41,6 +41,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--insecure-no-key", action="store_true", help="allow serving beyond loopback without --api-key")
     p.add_argument("--max-conversations", type=int, metavar="N",
                    help="answers generated at once; more wait in line (default: what the ring's free memory holds)")
+    p.add_argument("--keep-alive-s", type=float, default=10.0, metavar="S",
+                   help="a keep-alive comment to a streaming client after S seconds without news (queue, prefill)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -17,6 +17,8 @@ def check_args(args) -> None:
     check_exposure(parse_addr(args.serve)[0], args.api_key, args.insecure_no_key)
     if args.max_conversations is not None and args.max_conversations < 1:
         raise ValueError("--max-conversations must be at least 1")
+    if not args.keep_alive_s > 0:
+        raise ValueError("--keep-alive-s must be above 0")
 
 
 async def start(nursery: trio.Nursery, ring: Ring, drafter, args, on_change=None) -> tuple[Conversations, str]:
@@ -25,7 +27,8 @@ async def start(nursery: trio.Nursery, ring: Ring, drafter, args, on_change=None
                          limit=getattr(args, "max_conversations", None), on_change=on_change)
     binds = await nursery.start(lambda task_status: serve_api(
         conv, args.serve, api_key=getattr(args, "api_key", None),
-        insecure_no_key=getattr(args, "insecure_no_key", False), task_status=task_status))
+        insecure_no_key=getattr(args, "insecure_no_key", False), keepalive_s=args.keep_alive_s,
+        task_status=task_status))
     return conv, binds[0]
 
 
