@@ -17,7 +17,8 @@ from . import links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
 from .memory import default_device, free_bytes, rss_bytes
-from .shard import Shard, Span
+from .plan import Span
+from .shard import Shard
 from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint, span_fingerprint
 

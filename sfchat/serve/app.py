@@ -68,7 +68,7 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
 
     async def health(request: Request):
         check_key(request.headers.get("authorization"), api_key)
-        replanning = host.pending_epoch > host.epoch
+        replanning = host.planner.gate.replanning
         return JSONResponse({"status": "replanning" if replanning else "ok", "model": name, "epoch": host.epoch,
                              "members": host.members_info(), "conversations": conversations.status()})
 

@@ -90,7 +90,7 @@ class Conversations:
     async def ring_ready(self) -> None:
         """Wait out a re-plan in progress; 503 if it takes longer than replan_wait_s."""
         with trio.move_on_after(self.replan_wait_s):
-            while self.host.pending_epoch > self.host.epoch:
+            while self.host.planner.gate.replanning:
                 await trio.sleep(0.1)
             return
         raise ApiError(503, "the ring is re-planning (a member joined or was lost); try again shortly",
