@@ -70,6 +70,7 @@ class Conversations:
         self.waiting = 0
         self.open: dict[str, int] = {}  # conversation id -> tokens generated so far
         self.replan_wait_s = replan_wait_s
+        self.url = ""  # where it is served, once it is
         self.on_change = on_change or (lambda: None)
         self.context = getattr(host.config, "max_position_embeddings", None) or 2048
 
