@@ -27,6 +27,7 @@ async def start(nursery: trio.Nursery, ring: Ring, drafter, args, on_change=None
         conv, args.serve, api_key=getattr(args, "api_key", None),
         insecure_no_key=getattr(args, "insecure_no_key", False), keepalive_s=args.keep_alive_s,
         task_status=task_status))
+    conv.policy.pinned = getattr(args, "k", None)  # --k pins the draft length here too
     conv.url = binds[0]
     return conv, binds[0]
 

@@ -11,6 +11,7 @@ import trio
 
 from peers.adaptive import KPolicy
 from peers.chat import TextStream, render
+from peers.context import context_limit
 from peers.drafters import Drafter
 from peers.errors import RingError
 from peers.generate import generate
@@ -72,7 +73,7 @@ class Conversations:
         self.replan_wait_s = replan_wait_s
         self.url = ""  # where it is served, once it is
         self.on_change = on_change or (lambda: None)
-        self.context = getattr(host.config, "max_position_embeddings", None) or 2048
+        self.context = context_limit(host.config)
 
     def prepare(self, req: ChatRequest) -> Job:
         """Render and check the request before any answer starts (413: no room left in the context)."""
