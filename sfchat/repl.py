@@ -72,7 +72,7 @@ class RingWatch:
             before = self.states.get(m.id)
             if before is None:
                 self.lines.say(f"+ member {m.id} ({m.name}) joined from {m.data_addr} ({m.device})")
-            if m.state == "lost" and before != "lost" and not self.host.closing:
+            if m.state == "lost" and before != "lost" and not self.host.roster.closing:
                 self.lines.say(f"- member {m.id} ({m.name}) lost: {m.error or 'its connection closed'}")
             self.states[m.id] = m.state
         if self.host.epoch != self.epoch and self.host.epoch > 1:
