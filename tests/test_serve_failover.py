@@ -88,4 +88,4 @@ def test_member_killed_while_four_stream(server, uninterrupted):
     assert texts == [uninterrupted[p] for p in PROMPTS]
     assert "re-planning and replaying" in server.log.read_text()  # the kill did land mid-answer
     h = server.health()
-    assert [m["state"] for m in h["members"] if m["name"] == "local1"] == ["lost"] and h["status"] == "ok"
+    assert [m["state"] for m in h["members"]].count("lost") == 1 and h["status"] == "ok"
