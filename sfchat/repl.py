@@ -13,7 +13,7 @@ import trio
 
 from peers.adaptive import KPolicy
 from peers.chat import Chat
-from peers.drafters import make_drafter
+from peers.drafting import make_drafter
 from peers.sampling import SamplingParams
 
 from . import settings as settings_mod

@@ -12,7 +12,7 @@ import trio
 from peers.adaptive import KPolicy
 from peers.chat import TextStream, render
 from peers.context import context_limit
-from peers.drafters import Drafter
+from peers.drafting import Drafter
 from peers.errors import RingError
 from peers.generate import generate
 from peers.sampling import SamplingParams

@@ -17,7 +17,7 @@ import trio
 
 from peers.adaptive import KPolicy
 from peers.chat import Chat
-from peers.drafters import make_drafter
+from peers.drafting import make_drafter
 from peers.host import Host
 from peers.peer import PeerState
 from peers.sampling import SamplingParams
