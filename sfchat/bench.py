@@ -69,6 +69,7 @@ class Row:
     mode: str
     rtt_ms: float
     runs: list[Sample] = field(default_factory=list)
+    members: list[dict] = field(default_factory=list)  # a ring's members and their memory after the runs
 
     def to_dict(self) -> dict:
         total = Sample()
@@ -87,22 +88,29 @@ class Row:
                 "network_ms_per_round": round(total.network_ms / total.rounds, 3) if total.rounds else None,
                 "ceiling_tokens_per_second": round(ceiling, 3) if ceiling else None,
                 "fraction_of_ceiling": round(tps / ceiling, 4) if ceiling else None,
-                "tokens": total.tokens, "rounds": total.rounds, "runs": len(self.runs)}
+                "tokens": total.tokens, "rounds": total.rounds, "runs": len(self.runs),
+                **({"members": self.members} if self.members else {})}
 
 
 # --- one process: plain transformers ------------------------------------------------------------------------
 
 class ForwardTimer:
-    """Times every forward call of a module (hooks), so compute per round is measured, not assumed."""
+    """Times every forward call of a module (hooks), so compute per round is measured, not assumed; on a GPU the
+    device's queue is drained at both ends, so the time is the kernels' and not their launch."""
 
-    def __init__(self, model):
+    def __init__(self, model, device: str = "cpu"):
+        from peers import device as dev
+
         self.calls, self.ms, self._t0 = 0, 0.0, 0.0
+        self.finish = (lambda: dev.finish(device)) if device.startswith("cuda") else (lambda: None)
         self.handles = [model.register_forward_pre_hook(self._pre), model.register_forward_hook(self._post)]
 
     def _pre(self, *a):
+        self.finish()
         self._t0 = time.perf_counter()
 
     def _post(self, *a):
+        self.finish()
         self.calls += 1
         self.ms += (time.perf_counter() - self._t0) * 1e3
 
@@ -149,8 +157,13 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
     from peers.chat import render
     from peers import models
 
+    from peers import device as dev
+    from peers.memory import default_device
+
+    # the baseline runs where the ring runs, in its dtype: the same device makes the ratio mean something
+    device = args.device or default_device()
     dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).to(device).eval()
     assistant, extra = None, {}
     if "transformers-assisted" in modes:
         from peers.drafting import is_distilled
@@ -161,19 +174,21 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
             # transformers cannot run a draft that reads the target's features: it gets prompt lookup instead
             extra = {"prompt_lookup_num_tokens": 10}
         else:
-            assistant = AutoModelForCausalLM.from_pretrained(models.resolve(args.draft), dtype=dt).eval()
+            assistant = AutoModelForCausalLM.from_pretrained(models.resolve(args.draft), dtype=dt).to(device).eval()
             extra = {"assistant_model": assistant}
-    inputs = [torch.tensor([render(tokenizer, [{"role": "user", "content": p}])]) for p in prompts]
+    inputs = [torch.tensor([render(tokenizer, [{"role": "user", "content": p}])], device=device) for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def one(ids, kw, max_new, sample: Sample | None) -> None:
-        timers = [ForwardTimer(m) for m in (model, assistant) if m is not None and (m is model or kw)]
+        timers = [ForwardTimer(m, device) for m in (model, assistant) if m is not None and (m is model or kw)]
         record: list = []
         try:
             with count_candidates(record), torch.inference_mode():
+                dev.finish(device)
                 t0 = time.perf_counter()
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
                                      pad_token_id=pad, **kw)
+                dev.finish(device)
                 seconds = time.perf_counter() - t0
         finally:
             for t in timers:
@@ -275,6 +290,8 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
                         await one(prompt, args.max_new_tokens, sample)
                         advance(f"{mode} at {rtt_ms:g} ms: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
                     row.runs.append(sample)
+                row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes")}
+                               for m in ring.host.members_info() if m["state"] != "lost"]
                 rows.append(row)
     return rows
 
