@@ -33,7 +33,9 @@ def usage(device: str) -> tuple[int, int]:
     if device.startswith("cuda") and torch.cuda.is_available():
         d = torch.device(device)
         return torch.cuda.memory_allocated(d), torch.cuda.max_memory_allocated(d)
-    return rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # (Linux: in KiB)
+    now = rss_bytes()
+    # ru_maxrss (KiB on Linux) is sampled by the kernel at its own moments: it can trail the resident set just read
+    return now, max(now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def release_freed() -> None:
