@@ -41,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", help="a file with one prompt per line (default: three built-in prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3, help="timed runs of every prompt per mode; tokens/s is their median")
-    p.add_argument("--modes", default=",".join(MODES), help="a subset of " + ",".join(MODES))
+    p.add_argument("--modes", help="a subset of " + ",".join(MODES) + " (default: all, or none with --clients)")
+    p.add_argument("--clients", metavar="N,N…", help="also serve the endpoint and measure this many concurrent "
+                   "clients over HTTP (aggregate and per-client tokens/s, time to first token); e.g. 1,2,4,8")
     p.add_argument("--json", metavar="OUT", help="also write the results to this JSON file")
 
 
@@ -361,8 +363,13 @@ async def bench(args) -> int:
     from peers import models
     from peers.chat import load_tokenizer
 
+    from . import bench_serve
+
     rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    clients = [int(x) for x in args.clients.split(",") if x.strip()] if args.clients else []
+    if any(n < 1 for n in clients):
+        raise ValueError("--clients takes counts of 1 or more")
+    modes = [m.strip() for m in (args.modes or ("" if clients else ",".join(MODES))).split(",") if m.strip()]
     if bad := [m for m in modes if m not in MODES]:
         raise ValueError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
     if args.draft == "none":
@@ -377,7 +384,7 @@ async def bench(args) -> int:
     tokenizer = load_tokenizer(model_dir)
     n_tf = sum(m.startswith("transformers") for m in modes)
     n_ring = sum(m.startswith("ring") for m in modes)
-    total = args.runs * len(prompts) * (n_tf + n_ring * len(rtts))
+    total = args.runs * len(prompts) * (n_tf + n_ring * len(rtts)) + args.runs * len(clients) * len(rtts)
     err = Console(stderr=True)
     logging.getLogger("sfchat.host").setLevel(logging.ERROR)  # closing each ring "loses" its members: not news
     rows: list[Row] = []
@@ -393,9 +400,16 @@ async def bench(args) -> int:
         if n_ring:
             for rtt in rtts:
                 rows += await ring_rows(args, rtt, prompts, modes, advance)
+        serving = []
+        for rtt in rtts if clients else []:
+            serving += await bench_serve.serving_rows(args, rtt, clients, prompts, advance)
     out = [r.to_dict() for r in rows]
-    print_tables(out, rtts, Console(width=None if sys.stdout.isatty() else 110))
-    notes = checks(out)
+    console = Console(width=None if sys.stdout.isatty() else 110)
+    if out:
+        print_tables(out, rtts, console)
+    if serving:
+        bench_serve.print_table(serving, console)
+    notes = checks(out) + bench_serve.checks(serving)
     for line in notes:
         print(line)
     if args.json:
@@ -403,7 +417,7 @@ async def bench(args) -> int:
                "config": {"model": args.model or models.DEFAULT_MODEL, "draft": draft_label(args.draft, model_dir),
                           "dtype": args.dtype, "local_peers": args.local_peers, "rtt_ms": rtts, "runs": args.runs,
                           "max_new_tokens": args.max_new_tokens, "prompts": prompts},
-               "rows": out, "checks": notes}
+               "rows": out, "serving_rows": serving, "checks": notes}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     return 0

@@ -43,6 +43,12 @@ class ModelDrafter(Drafter):
         self.seen: list[int] = []  # tokens whose keys and values are in self.cache
         self.next_logits: torch.Tensor | None = None  # logits after the last token of self.seen
 
+    def fork(self) -> "ModelDrafter":
+        # eager, on a cache of its own: compiling and capturing graphs again for every conversation costs more
+        # than a short answer gains from them
+        return ModelDrafter(None, self.target_vocab, device=self.device, name=self.name, static=False,
+                            max_len=self.max_len, model=self.model)
+
     def _reset(self) -> None:
         self.cache.crop(-len(self.seen)) if self.seen else None
         self.seen, self.next_logits = [], None
