@@ -22,7 +22,7 @@ from .channel import Channel, ChannelClosed, parse_addr, peername
 from .errors import RingError
 from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint, span_fingerprint
-from .memory import default_device, free_bytes, rss_bytes
+from .memory import default_device, free_bytes, pick_dtype, rss_bytes
 from .plan import split_layers
 from .shard import DTYPES, SessionCache, Shard, Span, load_config
 from .threads import call_with_threads
@@ -51,7 +51,7 @@ class Member:
 
     def info(self) -> dict:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
-                "layers": str(self.span) if self.span else "", "state": self.state,
+                "layers": str(self.span) if self.span else "", "dtype": self.dtype, "state": self.state,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
                 "memory_bytes": self.rss, "free_bytes": self.free_bytes}
 
@@ -69,7 +69,7 @@ class RingSession:
 
 class Host:
     def __init__(self, model: str | None = None, *, token: str | None = None, listen: str = "127.0.0.1:0",
-                 device: str | None = None, dtype: str = "float32", quant: str = "none",
+                 device: str | None = None, dtype: str = "auto", quant: str = "none",
                  offer_gb: float | None = None, heartbeat_s: float = 1.0, dead_after_s: float = 4.0,
                  say=print, on_change=None, tls: bool = False,
                  relay: str | None = None):
@@ -79,7 +79,7 @@ class Host:
         self.relay, self.relay_address = relay, ""  # relay://… once registered
         self.tls = TLSEndpoint(tls, "host")
         self.device = device or default_device()
-        self.dtype, self.quant, self.offer_gb = dtype, quant, offer_gb
+        self.dtype, self.quant, self.offer_gb = pick_dtype(dtype, self.device), quant, offer_gb
         self.heartbeat_s, self.dead_after_s = heartbeat_s, dead_after_s
         self.say = say
         self.on_change = on_change or (lambda: None)
@@ -308,7 +308,7 @@ class Host:
             log.error("re-plan failed: %s", e)
 
     def members_info(self) -> list[dict]:
-        host = {"id": 0, "name": "host", "address": self.address, "device": self.device,
+        host = {"id": 0, "name": "host", "address": self.address, "device": self.device, "dtype": self.dtype,
                 "layers": str(self.shard.span) if self.shard else "", "state": "ready", "rtt_ms": 0.0,
                 "memory_bytes": rss_bytes(), "free_bytes": int(self.host_offer())}
         return [host] + [m.info() for m in self.members]

@@ -25,3 +25,13 @@ def rss_bytes(pid: int | None = None) -> int:
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pick_dtype(name: str, device: str) -> str:
+    """`auto`: bfloat16 on a CUDA device that computes in it (compute capability 8+), float16 on older CUDA
+    devices, float32 on the CPU (where half precision is slower and less exact); any other name as given."""
+    if name != "auto":
+        return name
+    if not str(device).startswith("cuda"):
+        return "float32"
+    return "bfloat16" if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else "float16"

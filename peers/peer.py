@@ -15,7 +15,7 @@ import trio
 from . import links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
-from .memory import default_device, free_bytes, rss_bytes
+from .memory import default_device, free_bytes, pick_dtype, rss_bytes
 from .shard import Shard, Span
 from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint, span_fingerprint
@@ -43,12 +43,13 @@ class PeerState:
 
 class Peer:
     def __init__(self, host_addr: str, token: str, *, model: str | None = None, listen: str = "0.0.0.0:0",
-                 advertise: str | None = None, device: str | None = None, dtype: str = "float32",
+                 advertise: str | None = None, device: str | None = None, dtype: str = "auto",
                  quant: str = "none", offer_gb: float | None = None, name: str = "peer", on_change=None,
                  relay: str | None = None, tls_pin: str | None = None):
         self.host_addr, self.token, self.model_spec = host_addr, token, model
-        self.listen, self.advertise, self.dtype, self.quant = listen, advertise, dtype, quant
         self.device = device or default_device()
+        self.listen, self.advertise, self.quant = listen, advertise, quant
+        self.dtype = pick_dtype(dtype, self.device)  # each member its own; hidden states convert at each hop
         self.offer_gb, self.name = offer_gb, name
         self.relay = links.relay_of(host_addr, relay)  # also reachable through it, if any
         self.tls_pin = tls_pin  # the host's certificate fingerprint from the invite: the ring uses TLS

@@ -146,8 +146,10 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
 
     from peers.chat import render
     from peers import models
+    from peers.memory import default_device, pick_dtype
 
-    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        pick_dtype(args.dtype, args.device or default_device())]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).eval()
     assistant, extra = None, {}
     if "transformers-assisted" in modes:

@@ -19,7 +19,8 @@ MODEL_HELP = "a model directory, a hub id in the local Hugging Face cache, a .gg
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help=MODEL_HELP)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto (default): bfloat16 on recent CUDA GPUs, float16 on older ones, float32 on the CPU")
     p.add_argument("--quant", default="none", choices=["none", "int8", "nf4"])
     p.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda if present)")
 
