@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 import trio
 
-from . import links, models, tensors, validate, wire
+from . import hub, links, models, tensors, validate, wire
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr, peername
 from .errors import RingError
 from .tls import Endpoint as TLSEndpoint
-from .fingerprint import config_fingerprint, span_fingerprint
+from .fingerprint import config_fingerprint
 from .memory import default_device, free_bytes, pick_dtype, rss_bytes
 from .plan import split_layers
 from .shard import DTYPES, SessionCache, Shard, Span, load_config
@@ -44,6 +44,7 @@ class Member:
     rtt_ms: float = math.nan
     rss: int = 0
     tls_fingerprint: str = ""
+    download: dict | None = None  # while it fetches its layers' files: {"file", "done", "total"} in bytes
     rss_before: int = 0  # before it loaded anything: rss - rss_before is what its span costs
     last_seen: float = field(default_factory=time.monotonic)
     ready: trio.Event = field(default_factory=trio.Event)
@@ -51,9 +52,15 @@ class Member:
 
     def info(self) -> dict:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
-                "layers": str(self.span) if self.span else "", "dtype": self.dtype, "state": self.state,
+                "layers": str(self.span) if self.span else "", "dtype": self.dtype,
+                "state": downloading(self.download) or self.state, "download": self.download,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
                 "memory_bytes": self.rss, "free_bytes": self.free_bytes}
+
+
+def downloading(d: dict | None) -> str:
+    """The state column while a member fetches: the share of its files' bytes it has."""
+    return f"↓ {100 * d['done'] / d['total']:.0f}%" if d and d.get("total") else ""
 
 
 @dataclass
@@ -83,7 +90,11 @@ class Host:
         self.heartbeat_s, self.dead_after_s = heartbeat_s, dead_after_s
         self.say = say
         self.on_change = on_change or (lambda: None)
-        self.model_dir: Path = models.resolve(self.model_spec, say=say)
+        self.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
+        self.source = models.open_source(self.model_spec, say=say)  # a hub model: only config and tokenizer yet
+        self.model_dir: Path = self.source.dir
+        self.download = hub.Progress()  # the host's own fetch, for its row in the ring panel
+        self.plan_at_start = True  # False: members are on their way; plan (and fetch) once they are here
         self.config = load_config(self.model_dir)
         self.fingerprint = config_fingerprint(self.model_dir)
         self.members: list[Member] = []
@@ -109,7 +120,8 @@ class Host:
             got = await nursery.start(links.serve, self._accept, self.listen, self.relay, links.host_endpoint())
             self.port, self.relay_address = got.port, got.relay_address
             self.nursery = nursery
-            await self.replan()  # the host alone, until members join
+            if self.plan_at_start:
+                await self.replan()  # the host alone, until members join
             nursery.start_soon(self._heartbeat)
             task_status.started(self.port)
 
@@ -185,10 +197,12 @@ class Host:
                 if msg["t"] == "pong" and isinstance(msg.get("n"), float):
                     m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
                 elif msg["t"] == "ready" and msg.get("epoch") == self.pending_epoch:
-                    m.state, m.rss = "ready", int(msg.get("rss_bytes") or 0)
+                    m.state, m.rss, m.download = "ready", int(msg.get("rss_bytes") or 0), None
                     m.ready.set()
+                elif msg["t"] == "progress":
+                    m.download = validate.progress(msg)
                 elif msg["t"] == "fail":
-                    m.state, m.error = "failed", str(msg.get("error"))
+                    m.state, m.error, m.download = "failed", str(msg.get("error")), None
                     log.error("member %d cannot serve: %s", m.id, m.error)
                     m.ready.set()
                 elif msg["t"] == "error":
@@ -256,6 +270,7 @@ class Host:
         async with self.plan_lock:
             live = [m for m in self.members if m.state not in ("lost", "failed")]
             spans = split_layers(self.config.num_hidden_layers, [self.host_offer()] + [m.free_bytes for m in live])
+            await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
             self.pending_epoch = epoch = self.epoch + 1
             ring = [m for m, s in zip(live, spans[1:]) if s.size]
             for m, s in zip(live, spans[1:]):
@@ -270,10 +285,10 @@ class Host:
                 nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"
                 pin = ring[i + 1].tls_fingerprint if i + 1 < len(ring) else self.tls.fingerprint
                 try:
-                    await m.ctl.send({"t": "assign", "epoch": epoch, "model": self.model_spec,
+                    await m.ctl.send({"t": "assign", "epoch": epoch, "model": self.source.spec,
                                       "config_fingerprint": self.fingerprint,
                                       "span_fingerprint": await trio.to_thread.run_sync(
-                                          span_fingerprint, self.model_dir, m.span.start, m.span.end),
+                                          self.source.identity, m.span.start, m.span.end),
                                       "start": m.span.start,
                                       "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt, "next_tls": pin,
                                       "host_port": self.port})
@@ -301,6 +316,16 @@ class Host:
                      "".join(f" -> member {m.id} {m.span}" for m in ring))
             self.on_change()
 
+    async def _fetch_own(self, span: Span) -> None:
+        """The files of the host's span, embedding, norm and head (a hub model's: fetched if missing)."""
+        try:
+            await trio.to_thread.run_sync(lambda: self.source.fetch(
+                span.start, span.end, embed=True, head=True, progress=self.download, bars=self.bars))
+        except models.ModelError as e:
+            raise RingError(str(e)) from None
+        finally:
+            self.on_change()
+
     async def _replan_logged(self) -> None:
         try:
             await self.replan()
@@ -308,8 +333,11 @@ class Host:
             log.error("re-plan failed: %s", e)
 
     def members_info(self) -> list[dict]:
+        d = self.download
+        fetching = {"file": d.file, "done": d.done + d.current, "total": d.total} if d.active else None
         host = {"id": 0, "name": "host", "address": self.address, "device": self.device, "dtype": self.dtype,
-                "layers": str(self.shard.span) if self.shard else "", "state": "ready", "rtt_ms": 0.0,
+                "layers": str(self.shard.span) if self.shard else "", "state": downloading(fetching) or "ready",
+                "download": fetching, "rtt_ms": 0.0,
                 "memory_bytes": rss_bytes(), "free_bytes": int(self.host_offer())}
         return [host] + [m.info() for m in self.members]
 

@@ -14,7 +14,8 @@ from peers.auth import AuthError
 from peers.channel import ChannelClosed
 from peers.errors import RingError
 
-MODEL_HELP = "a model directory, a hub id in the local Hugging Face cache, a .gguf file, or smollm2-135m (default)"
+MODEL_HELP = ("a hub id ORG/NAME[@REVISION] (fetched into the Hugging Face cache, each machine only its layers), "
+              "a model directory, a .gguf file, or smollm2-135m (default)")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -41,7 +42,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("-v", "--verbose", action="store_true")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("pull", help=f"fetch and convert the embedded default model ({models.DEFAULT_MODEL})")
+    p = sub.add_parser("pull", help=f"fetch a whole model: a hub id ORG/NAME[@REVISION], or the embedded default "
+                                    f"({models.DEFAULT_MODEL}, converted once)")
+    p.add_argument("model", nargs="?", help="ORG/NAME[@REVISION] (default: the embedded model)")
 
     p = sub.add_parser("ask", help="answer one prompt and exit")
     p.add_argument("prompt")
@@ -128,7 +131,11 @@ def user_error(e: BaseException) -> BaseException | None:
 
 
 def cmd_pull(args) -> int:
-    models.pull_default(say=lambda *a: print(*a, file=sys.stderr))
+    say = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
+    if args.model in (None, models.DEFAULT_MODEL):
+        models.pull_default(say=say)
+    else:
+        say(f"{args.model} is in {models.resolve(args.model, say=say)}")
     return 0
 
 
