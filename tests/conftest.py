@@ -43,3 +43,6 @@ def sliding_qwen2(tmp_path_factory):
 def smollm2():
     from peers import models
     return models.resolve("smollm2-135m", say=lambda *a: None)
+
+# no test reaches the real hub: tests/test_hub.py turns this off for its own processes, pointed at a stand-in
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
