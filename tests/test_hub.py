@@ -63,18 +63,28 @@ def test_each_member_fetches_only_its_layers_and_the_joiner_needs_no_model(repo,
     want = reference_ids(plain, PROMPT, 12)
     port, token = free_port(), "t" * 32
     with HubStub({REPO: repo_dir}) as h0, HubStub({REPO: repo_dir}) as h1, HubStub({REPO: repo_dir}) as h2:
-        joiners = [subprocess.Popen([sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--token", token,
-                                     "--headless", "--listen", "127.0.0.1:0", "--name", name],
-                                    env=env_for(tmp_path / name, hub), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True)
-                   for name, hub in (("m1", h1), ("m2", h2))]
+        host = subprocess.Popen([sys.executable, "-m", "sfchat", "ask", PROMPT, "--json", "--model", REPO,
+                                 "--max-new-tokens", "12", "--draft", "none", "--listen", f"127.0.0.1:{port}",
+                                 "--token", token, "--wait-peers", "2"], env=env_for(tmp_path / "host", h0),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        joiners = []
         try:
-            got = ask(env_for(tmp_path / "host", h0), "--listen", f"127.0.0.1:{port}", "--token", token,
-                      "--wait-peers", "2")
+            for line in host.stderr:  # the invite: the host listens now
+                if line.strip().startswith("sfchat join"):
+                    break
+            joiners = [subprocess.Popen([sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--token", token,
+                                         "--headless", "--listen", "127.0.0.1:0", "--name", name],
+                                        env=env_for(tmp_path / name, hub), stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+                       for name, hub in (("m1", h1), ("m2", h2))]
+            out, err = host.communicate(timeout=300)
         finally:
+            host.kill()
             for j in joiners:
                 j.terminate()
             logs = [j.communicate(timeout=30)[0] for j in joiners]
+    assert host.returncode == 0, err[-3000:]
+    got = json.loads(out.strip().splitlines()[-1])
     assert got["token_ids"] == want
     layers = {m["name"]: m["layers"] for m in got["stats"]["members"]}
     assert all(layers.values()), layers
