@@ -69,7 +69,7 @@ class Chat:
         prompt = render(self.tokenizer, self.messages)
         # keep the ring's caches for the part of the conversation that renders the same as what it holds
         common = common_prefix(prompt, self.tokens)
-        self.rs.ring_len = min(self.rs.ring_len, common, len(prompt) - 1)
+        self.rs.set_position(min(self.rs.ring_len, common, len(prompt) - 1), len(prompt))
         self.tokens = prompt
         stream = TextStream(self.tokenizer)
 

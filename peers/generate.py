@@ -48,101 +48,157 @@ class Result:
 async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: Drafter, params: SamplingParams,
                    policy: KPolicy, max_new_tokens: int, eos: set[int], on_round=None, should_stop=None,
                    overlap: bool = True, max_retries: int = 3) -> Result:
-    """Extend `tokens` (the whole conversation so far) in place; returns the new ids and the statistics."""
+    """Extend `tokens` (the whole conversation so far) in place; returns the new ids and the statistics.
+
+    Each round is one `Rounds.step`. A failed pass commits nothing: the ring is re-planned and the round tried
+    again, up to max_retries failures in a row (a long answer may ride out several incidents)."""
     if params.seed is None:
         params.seed = random.randrange(2**31)
+    rounds_of = Rounds(host, rs, drafter, params, policy, eos, overlap)
     stats, rounds, start = RunningStats(), [], len(tokens)
-    ahead: Ahead | None = None
     finish, retries = "length", 0
     while len(tokens) - start < max_new_tokens:
         if should_stop is not None and should_stop():
             finish = "stopped"
             break
-        t_round = time.perf_counter()
-        left = max_new_tokens - (len(tokens) - start)
-        # K drafts, or up to K while the drafter's confidence stays above the floor (peers/adaptive.py)
-        k, floor = policy.plan(drafter.ms_per_token, drafter.confident) if drafter.name != "none" else (0, 0.0)
-        k = min(k, left - 1)
-        as_tree = drafter.trees and params.greedy and floor > 0 and k > 0
-        t0 = time.perf_counter()
-        if as_tree:
-            draft, hidden_ms = await _tree(drafter, tokens, ahead, floor, k)
-        else:
-            # one draft more than K, the guess at the target's bonus token, when a look-ahead can build on it (it
-            # drafts while the round is on the wire: a ring with peers)
-            want = k + 1 if overlap and host.ring and k > 0 else k
-            draft, hidden_ms = await _chain(drafter, tokens, ahead, want, k, floor, params)
-        draft_ms = (time.perf_counter() - t0) * 1e3
-        pending = len(tokens) - host.committed(rs)  # tokens the ring lacks, carried before the drafts
-        by_confidence = params.greedy and floor > 0
-        if by_confidence:  # as many of the likeliest drafts as the pass costs of this ring make worth it
-            draft = draft.likeliest(policy.select(draft.sure, pending))
-        drafts, main, guess = draft.tokens, draft.chain, draft.guess
-        positions = pending + len(drafts)  # what this pass carries through the ring
-        stop, sent = threading.Event(), trio.Event()
-        # the look-ahead bets that the whole main chain is accepted and the target's next token is the guess
-        ahead = Ahead(tokens + drafts[:main] + [guess]) if (overlap and host.ring and guess is not None) else None
-        failure = None
-        async with trio.open_nursery() as nursery:
-            if ahead is not None:
-                nursery.start_soon(_look_ahead, drafter, ahead, as_tree, k + 1, floor, params, stop, sent)
-            try:
-                logits, timing = await host.forward(rs, tokens, drafts, sent=sent,
-                                                    parents=draft.parents if as_tree else None)
-            except RingError as e:  # caught here, not outside: the nursery would wrap it in a group
-                failure = e
-            finally:
-                stop.set()
-                sent.set()  # a look-ahead still waiting for the wire wakes, sees stop, and returns
-        if failure is not None:
+        try:
+            r, new, at_eos = await rounds_of.step(tokens, max_new_tokens - (len(tokens) - start))
+        except RingError as failure:
             retries += 1
             if retries > max_retries:
-                raise failure
+                raise
             log.warning("ring pass failed (%s); re-planning and replaying", failure)
             if on_round is not None:
                 on_round({"event": "recovering", "error": str(failure)})
             await host.recover()
-            ahead = None
+            rounds_of.ahead = None
             continue
-        retries = 0  # the limit is on failures in a row: a long answer may ride out several incidents
+        retries = 0
+        stats.add(r)
+        rounds.append(r.to_dict())
+        if on_round is not None:
+            on_round({"event": "round", "round": r.to_dict(), "new": new, "stats": stats.summary()})
+        if at_eos:
+            finish = "eos"
+            break
+    return Result(tokens[start:], finish, stats, rounds)
+
+
+@dataclass
+class Rounds:
+    """The rounds of one answer: what they share, and the look-ahead one round leaves to the next."""
+
+    host: Host
+    rs: RingSession
+    drafter: Drafter
+    params: SamplingParams
+    policy: KPolicy
+    eos: set[int]
+    overlap: bool
+    ahead: Ahead | None = None
+
+    async def step(self, tokens: list[int], left: int) -> tuple[RoundStats, list[int], bool]:
+        """One round: plan, draft, pass, verify, commit. Appends at most `left` tokens to `tokens` and returns the
+        round's statistics, the new tokens and whether they end at an end-of-sequence token. A failed pass raises
+        RingError with nothing committed."""
+        t_round = time.perf_counter()
+        k, floor, as_tree = self._plan(left)
+        t0 = time.perf_counter()
+        draft, hidden_ms = await self._draft(tokens, k, floor, as_tree)
+        draft_ms = (time.perf_counter() - t0) * 1e3
+        pending = len(tokens) - self.host.committed(self.rs)  # tokens the ring lacks, carried before the drafts
+        by_confidence = self.params.greedy and floor > 0
+        if by_confidence:  # as many of the likeliest drafts as the pass costs of this ring make worth it
+            draft = draft.likeliest(self.policy.select(draft.sure, pending))
+        logits, timing = await self._pass(tokens, draft, as_tree, k, floor)
         t1 = time.perf_counter()
-        if params.greedy:
-            path, nxt = verify_greedy(logits, drafts, draft.parents)
-        else:
-            p = params.probs(logits)
-            n_acc, nxt = verify_sampling(p, draft.q, drafts, params.seed, len(tokens))
-            path = list(range(n_acc))
+        path, nxt = self._verify(logits, draft, len(tokens))
         verify_ms = (time.perf_counter() - t1) * 1e3
-        if rs.features is not None:  # the target's features along the accepted path, for a feature draft
-            first, ids, feats = rs.features
-            keep = list(range(len(ids) - len(drafts))) + [len(ids) - len(drafts) + i for i in path]
-            drafter.observe(first, [ids[i] for i in keep], feats[keep])
-        if ahead is not None and not (path == list(range(main)) and nxt == guess):
-            ahead = None  # the look-ahead drafted on a branch the target did not take
-        new = [drafts[i] for i in path] + [nxt]
-        for i, t in enumerate(new):
-            if t in eos:
-                new, finish = new[: i + 1], "eos"
-                break
-        new = new[:left]
-        # every stage keeps the conversation and the accepted drafts of the main chain (the next frame trims the
-        # rest); accepted tokens off the main chain go round again with the next round's drafts
-        rs.ring_len = min(rs.ring_len, len(tokens) + on_chain(path), len(tokens) + len(new) - 1)
-        tokens += new
+        self._observe(draft, path)
+        if self.ahead is not None and not (path == list(range(draft.chain)) and nxt == draft.guess):
+            self.ahead = None  # the look-ahead drafted on a branch the target did not take
+        new, at_eos = self._commit(tokens, draft, path, nxt, left)
+        drafts = draft.tokens
         r = RoundStats(k=len(drafts) if floor else k, drafted=len(drafts), accepted=len(path), committed=len(new),
                        draft_ms=round(draft_ms, 3), hidden_draft_ms=round(hidden_ms, 3),
                        network_ms=round(timing["network_ms"], 3), host_ms=round(timing["host_ms"], 3),
                        peers=timing["peers"], verify_ms=round(verify_ms, 3),
                        round_ms=round((time.perf_counter() - t_round) * 1e3, 3), tree=as_tree)
-        policy.update(len(drafts), len(path), timing["pass_ms"] + verify_ms, positions,
-                      sum(draft.sure) if by_confidence else None)
-        stats.add(r)
-        rounds.append(r.to_dict())
-        if on_round is not None:
-            on_round({"event": "round", "round": r.to_dict(), "new": new, "stats": stats.summary()})
-        if finish == "eos":
-            break
-    return Result(tokens[start:], finish, stats, rounds)
+        self.policy.update(len(drafts), len(path), timing["pass_ms"] + verify_ms, pending + len(drafts),
+                           sum(draft.sure) if by_confidence else None)
+        return r, new, at_eos
+
+    def _plan(self, left: int) -> tuple[int, float, bool]:
+        """K drafts, or up to K while the drafter's confidence stays above the floor (peers/adaptive.py); and
+        whether they form a tree."""
+        d = self.drafter
+        k, floor = self.policy.plan(d.ms_per_token, d.confident) if d.name != "none" else (0, 0.0)
+        k = min(k, left - 1)
+        return k, floor, d.trees and self.params.greedy and floor > 0 and k > 0
+
+    async def _draft(self, tokens: list[int], k: int, floor: float, as_tree: bool) -> tuple[Draft, float]:
+        if as_tree:
+            return await _tree(self.drafter, tokens, self.ahead, floor, k)
+        # one draft more than K, the guess at the target's bonus token, when a look-ahead can build on it (it
+        # drafts while the round is on the wire: a ring with peers)
+        want = k + 1 if self.overlap and self.host.ring and k > 0 else k
+        return await _chain(self.drafter, tokens, self.ahead, want, k, floor, self.params)
+
+    async def _pass(self, tokens: list[int], draft: Draft, as_tree: bool, k: int,
+                    floor: float) -> tuple[torch.Tensor, dict]:
+        """The ring pass, with the next round's look-ahead drafting while it is on the wire."""
+        stop, sent = threading.Event(), trio.Event()
+        # the look-ahead bets that the whole main chain is accepted and the target's next token is the guess
+        bet = self.overlap and self.host.ring and draft.guess is not None
+        self.ahead = Ahead(tokens + draft.tokens[:draft.chain] + [draft.guess]) if bet else None
+        failure = None
+        async with trio.open_nursery() as nursery:
+            if self.ahead is not None:
+                nursery.start_soon(_look_ahead, self.drafter, self.ahead, as_tree, k + 1, floor, self.params, stop,
+                                   sent)
+            try:
+                result = await self.host.forward(self.rs, tokens, draft.tokens, sent=sent,
+                                                       parents=draft.parents if as_tree else None)
+            except RingError as e:  # caught here, raised below: the nursery would wrap it in a group
+                failure = e
+            finally:
+                stop.set()
+                sent.set()  # a look-ahead still waiting for the wire wakes, sees stop, and returns
+        if failure is not None:
+            raise failure
+        return result
+
+    def _verify(self, logits: torch.Tensor, draft: Draft, position: int) -> tuple[list[int], int]:
+        """The accepted path through the drafts and the target's own next token."""
+        if self.params.greedy:
+            return verify_greedy(logits, draft.tokens, draft.parents)
+        p = self.params.probs(logits)
+        n_acc, nxt = verify_sampling(p, draft.q, draft.tokens, self.params.seed, position)
+        return list(range(n_acc)), nxt
+
+    def _observe(self, draft: Draft, path: list[int]) -> None:
+        """The target's features along the accepted path, for a feature draft."""
+        if self.rs.features is None:
+            return
+        first, ids, feats = self.rs.features
+        n = len(draft.tokens)
+        keep = list(range(len(ids) - n)) + [len(ids) - n + i for i in path]
+        self.drafter.observe(first, [ids[i] for i in keep], feats[keep])
+
+    def _commit(self, tokens: list[int], draft: Draft, path: list[int], nxt: int,
+                left: int) -> tuple[list[int], bool]:
+        """Append the accepted drafts and the target's token (up to an end of sequence, at most `left`)."""
+        new, at_eos = [draft.tokens[i] for i in path] + [nxt], False
+        for i, t in enumerate(new):
+            if t in self.eos:
+                new, at_eos = new[: i + 1], True
+                break
+        new = new[:left]
+        # every stage keeps the conversation and the accepted drafts of the main chain (the next frame trims the
+        # rest); accepted tokens off the main chain go round again with the next round's drafts
+        self.rs.set_position(min(len(tokens) + on_chain(path), len(tokens) + len(new) - 1), len(tokens) + len(new))
+        tokens += new
+        return new, at_eos
 
 
 async def _chain(drafter: Drafter, tokens: list[int], ahead: Ahead | None, want: int, k: int, floor: float,

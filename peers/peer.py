@@ -16,7 +16,8 @@ from . import hub, links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
 from .memory import default_device, free_bytes, pick_dtype, rss_bytes
-from .shard import Shard, Span
+from .plan import Span
+from .shard import Shard
 from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint
 

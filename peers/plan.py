@@ -1,7 +1,27 @@
 """Split a model's decoder layers over the ring's members in proportion to the memory each offers."""
 from __future__ import annotations
 
-from .shard import Span
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Layers [start, end) of a model with n_layers decoder layers."""
+
+    start: int
+    end: int
+    n_layers: int
+
+    def __post_init__(self):
+        if not 0 <= self.start <= self.end <= self.n_layers:
+            raise ValueError(f"bad layer span {self.start}..{self.end} of {self.n_layers}")
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def __str__(self) -> str:
+        return f"{self.start}-{self.end - 1}" if self.size else "none"
 
 
 def split_layers(n_layers: int, offers: list[float]) -> list[Span]:

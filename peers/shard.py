@@ -17,28 +17,9 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from . import architectures, tree
 from .models import ModelError
+from .plan import Span
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """Layers [start, end) of a model with n_layers decoder layers."""
-
-    start: int
-    end: int
-    n_layers: int
-
-    def __post_init__(self):
-        if not 0 <= self.start <= self.end <= self.n_layers:
-            raise ValueError(f"bad layer span {self.start}..{self.end} of {self.n_layers}")
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-    def __str__(self) -> str:
-        return f"{self.start}-{self.end - 1}" if self.size else "none"
 
 
 @dataclass

@@ -85,9 +85,9 @@ async def check_logits_follow(host, ref, tokens: list[int], steps: int) -> list[
         torch.testing.assert_close(logits[-1], want, atol=1e-4, rtol=1e-4)
         assert len(timing["peers"]) == len(host.ring)
         tokens.append(int(want.argmax()))
-        rs.ring_len = len(tokens) - 1
+        rs.set_position(len(tokens) - 1, len(tokens))
     # a repeated pass with an older committed length is harmless (the trim rule)
-    rs.ring_len -= 3
+    rs.set_position(rs.ring_len - 3, len(tokens))
     logits, _ = await host.forward(rs, tokens, [])
     with torch.no_grad():
         torch.testing.assert_close(logits[-1], ref(torch.tensor([tokens])).logits[0, -1], atol=1e-4, rtol=1e-4)

@@ -1,0 +1,162 @@
+"""Who is in the ring: members admitted over their control link, pinged every heartbeat, lost when silent.
+
+This plane knows a member's offer, its state and the span it was last given; which layers it gets is
+planning's business (peers/planning.py), and what flows through it is the pass's (peers/host.py).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from . import validate, wire
+from .channel import Channel, ChannelClosed, peername
+from .plan import Span
+
+log = logging.getLogger("sfchat.host")
+
+
+
+def downloading(d: dict | None) -> str:
+    """The state column while a member fetches its files: the share of their bytes it has."""
+    return f"↓ {100 * d['done'] / d['total']:.0f}%" if d and d.get("total") else ""
+
+@dataclass
+class Member:
+    id: int
+    name: str
+    ctl: Channel
+    data_addr: str
+    device: str
+    free_bytes: int
+    dtype: str
+    state: str = "joining"  # joining, loading, ready, idle (no layers), failed, lost
+    span: Span | None = None
+    epoch: int = -1  # the plan it was last given: its "ready" counts for that plan only
+    rtt_ms: float = math.nan
+    rss: int = 0
+    tls_fingerprint: str = ""
+    download: dict | None = None  # while it fetches its layers' files: {"file", "done", "total"} in bytes
+    rss_before: int = 0  # before it loaded anything: rss - rss_before is what its span costs
+    last_seen: float = field(default_factory=time.monotonic)
+    ready: trio.Event = field(default_factory=trio.Event)
+    error: str = ""
+
+    def info(self) -> dict:
+        return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
+                "layers": str(self.span) if self.span else "", "dtype": self.dtype,
+                "state": downloading(self.download) or self.state, "download": self.download,
+                "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
+                "memory_bytes": self.rss, "free_bytes": self.free_bytes}
+
+    def assign(self, span: Span, epoch: int) -> None:
+        """Planned in: loading its span for `epoch` (idle if it holds no layers), ready once it says so."""
+        self.span, self.epoch, self.ready = span, epoch, trio.Event()
+        self.state = "loading" if span.size else "idle"
+
+
+class Roster:
+    """The members, their control links and heartbeats. `on_join` runs after each admission."""
+
+    def __init__(self, *, tls: bool, heartbeat_s: float, dead_after_s: float, on_change, on_join):
+        self.tls, self.heartbeat_s, self.dead_after_s = tls, heartbeat_s, dead_after_s
+        self.on_change, self.on_join = on_change, on_join
+        self.members: list[Member] = []
+        self.ids = itertools.count(1)
+        self.joined = trio.Condition()
+
+    def live(self) -> list[Member]:
+        return [m for m in self.members if m.state not in ("lost", "failed")]
+
+    async def wait(self, n: int, timeout: float = 120) -> None:
+        """Until n members that are not lost have joined."""
+        with trio.fail_after(timeout):
+            async with self.joined:
+                while sum(m.state != "lost" for m in self.members) < n:
+                    await self.joined.wait()
+
+    async def admit(self, ch: Channel, hello: dict, stream) -> None:
+        """A joiner after its handshake: take its offer, then follow its control link until it ends."""
+        offer = await ch.recv(timeout=10)
+        if offer["t"] != "offer":
+            raise wire.WireError("expected an offer after the handshake")
+        ip = peername(stream).rpartition(":")[0]
+        port = validate.need(offer, "data_port", int, 1)
+        addr = offer.get("advertise") or f"{ip}:{port}"
+        m = Member(next(self.ids), str(hello.get("name", "peer"))[:40], ch, addr,
+                   str(offer.get("device", "?"))[:20], validate.need(offer, "free_bytes", int, 0),
+                   str(offer.get("dtype", "float32")))
+        m.rss_before = int(offer.get("rss_bytes") or 0)
+        m.tls_fingerprint = str(offer.get("tls_fingerprint") or "")
+        if self.tls and not m.tls_fingerprint:
+            raise wire.WireError("this ring uses TLS: the member must have a certificate too")
+        ch.name = f"member {m.id}"
+        self.members.append(m)
+        log.info("member %d (%s) joined from %s offering %.1f GB on %s", m.id, m.name, addr, m.free_bytes / 2**30, m.device)
+        self.on_change()
+        async with self.joined:
+            self.joined.notify_all()
+        self.on_join()
+        try:
+            while True:
+                self._heard(m, await ch.recv())
+        finally:
+            m.state = "lost"
+            m.ready.set()
+            log.warning("member %d (%s) is gone", m.id, m.name)
+            self.on_change()
+
+    def _heard(self, m: Member, msg: dict) -> None:
+        m.last_seen = time.monotonic()
+        if msg["t"] == "pong" and isinstance(msg.get("n"), float):
+            m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
+        elif msg["t"] == "ready" and msg.get("epoch") == m.epoch:
+            m.state, m.rss, m.download = "ready", int(msg.get("rss_bytes") or 0), None
+            m.ready.set()
+        elif msg["t"] == "progress":
+            m.download = validate.progress(msg)
+        elif msg["t"] == "fail":
+            m.state, m.error, m.download = "failed", str(msg.get("error")), None
+            log.error("member %d cannot serve: %s", m.id, m.error)
+            m.ready.set()
+        elif msg["t"] == "error":
+            raise ChannelClosed(str(msg.get("error")))
+        self.on_change()
+
+    async def heartbeat(self) -> None:
+        """Ping every member; one silent for dead_after_s (killed, stopped, cut off) is declared lost."""
+        while True:
+            now = time.monotonic()
+            for m in list(self.members):
+                if m.state == "lost":
+                    continue
+                if now - m.last_seen > self.dead_after_s:
+                    await self.lose(m, f"no heartbeat for {now - m.last_seen:.1f} s")
+                    continue
+                try:
+                    await m.ctl.send({"t": "ping", "n": time.perf_counter()})
+                except ChannelClosed:
+                    await self.lose(m, "its control link broke")
+            await trio.sleep(self.heartbeat_s)
+
+    async def lose(self, m: Member, why: str) -> None:
+        if m.state == "lost":
+            return
+        m.state, m.error = "lost", why
+        m.ready.set()
+        log.warning("member %d (%s) lost: %s", m.id, m.name, why)
+        self.on_change()
+        await m.ctl.aclose()
+
+    async def tell(self, members: list[Member], msg: dict, timeout: float = math.inf) -> None:
+        """Send a control message to each of `members`; one whose link is gone is skipped."""
+        for m in members:
+            try:
+                with trio.move_on_after(timeout):
+                    await m.ctl.send(msg)
+            except ChannelClosed:
+                pass

@@ -1,0 +1,145 @@
+"""Planning and loading: split the layers over the host and the live members (peers/plan.py), load the host's
+span, have each member load its own, and wire the ring in pass order.
+
+Each plan is a new epoch. Frames carry the epoch they were made under, and every stage's caches belong to one
+epoch: after a re-plan each conversation replays its committed tokens (peers/ring_session.py).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from . import hub, links, models
+from .auth import client_handshake
+from .channel import Channel, ChannelClosed
+from .errors import RingError
+from .membership import Member, Roster
+from .memory import free_bytes
+from .plan import split_layers
+from .shard import DTYPES, Shard
+from .tls import Endpoint as TLSEndpoint
+
+log = logging.getLogger("sfchat.host")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The model the ring runs, and how the host loads its own part of it."""
+
+    spec: str  # what members are told: what the user named, a hub id pinned to the host's commit
+    dir: Path
+    source: models.Source  # where the host gets the files of its span (a hub model: fetched as needed)
+    config: object
+    fingerprint: str
+    dtype: str
+    quant: str
+    device: str
+
+
+class Planner:
+    """The current plan: the host's shard, the members holding layers in pass order, and the link to the first."""
+
+    def __init__(self, target: Target, roster: Roster, *, offer_gb: float | None, token: str, tls: TLSEndpoint,
+                 on_change):
+        self.target, self.roster, self.offer_gb = target, roster, offer_gb
+        self.token, self.tls, self.on_change = token, tls, on_change
+        self.shard: Shard | None = None
+        self.ring: list[Member] = []  # members with layers, in pass order
+        self.epoch = 0
+        self.first_hop: Channel | None = None
+        self.lock = trio.Lock()  # a pass holds it too: no re-plan in the middle of a pass
+        self.download = hub.Progress()  # the host's own fetch, for its row in the ring panel
+        self.bars = True  # download bars on the terminal (not under a screen that shows the ring)
+
+    def host_offer(self) -> float:
+        if self.offer_gb is not None:
+            return self.offer_gb * 2**30
+        # the embedding and head stay here whatever the plan, so they come off the host's budget
+        c, t = self.target.config, self.target
+        fixed = 2 * c.vocab_size * c.hidden_size * DTYPES[t.dtype].itemsize
+        return max(free_bytes(t.device) - fixed, 0)
+
+    async def replan(self, host_port: int) -> None:
+        """Split the layers over the host and every live member, load, and wire the ring."""
+        async with self.lock:
+            t = self.target
+            live = self.roster.live()
+            spans = split_layers(t.config.num_hidden_layers, [self.host_offer()] + [m.free_bytes for m in live])
+            await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
+            epoch = self.epoch + 1
+            ring = [m for m, s in zip(live, spans[1:]) if s.size]
+            for m, s in zip(live, spans[1:]):
+                m.assign(s, epoch)
+            self.on_change()
+            if self.shard is None or self.shard.span != spans[0]:
+                self.shard = None  # free the old span before loading the new one
+                self.shard = await trio.to_thread.run_sync(
+                    lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
+                                  device=t.device))
+            for i, m in enumerate(ring):
+                nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"
+                pin = ring[i + 1].tls_fingerprint if i + 1 < len(ring) else self.tls.fingerprint
+                try:
+                    await m.ctl.send({"t": "assign", "epoch": epoch, "model": t.spec,
+                                      "config_fingerprint": t.fingerprint,
+                                      "span_fingerprint": await trio.to_thread.run_sync(
+                                          t.source.identity, m.span.start, m.span.end),
+                                      "start": m.span.start,
+                                      "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt, "next_tls": pin,
+                                      "host_port": host_port})
+                except ChannelClosed:
+                    m.state = "lost"
+            for m in ring:
+                with trio.move_on_after(600):
+                    await m.ready.wait()
+            bad = [m for m in ring if m.state != "ready"]
+            if bad:
+                for m in bad:
+                    if m.state != "lost":
+                        m.state = "failed"
+                raise RingError("; ".join(f"member {m.id}: {m.error or m.state}" for m in bad))
+            if self.first_hop is not None:
+                await self.first_hop.aclose()
+                self.first_hop = None
+            if ring:
+                stream = await TLSEndpoint.dial(await links.dial(ring[0].data_addr), ring[0].tls_fingerprint)
+                self.first_hop = Channel(stream, "first hop")
+                await client_handshake(self.first_hop, self.token, "data")
+            self.ring, self.epoch = ring, epoch
+            log.info("ring epoch %d: host %s%s", epoch, spans[0],
+                     "".join(f" -> member {m.id} {m.span}" for m in ring))
+            self.on_change()
+
+    async def _fetch_own(self, span) -> None:
+        """The files of the host's span, embedding, norm and head (a hub model's: fetched if missing)."""
+        try:
+            await trio.to_thread.run_sync(lambda: self.target.source.fetch(
+                span.start, span.end, embed=True, head=True, progress=self.download, bars=self.bars))
+        except models.ModelError as e:
+            raise RingError(str(e)) from None
+        finally:
+            self.on_change()
+
+    def fetching(self) -> dict | None:
+        d = self.download
+        return {"file": d.file, "done": d.done + d.current, "total": d.total} if d.active else None
+
+    async def replan_logged(self, host_port: int) -> None:
+        try:
+            await self.replan(host_port)
+        except RingError as e:
+            log.error("re-plan failed: %s", e)
+
+    async def recover(self, host_port: int, attempts: int = 5) -> None:
+        """After a failed pass: re-plan over the members still alive (the host takes what is left, as memory
+        allows); each session then replays its committed tokens in one prefill on its next pass."""
+        for i in range(attempts):
+            await trio.sleep(0.2 * (i + 1))
+            try:
+                return await self.replan(host_port)
+            except RingError as e:  # a member failed while loading: it is excluded from the next plan
+                log.warning("re-plan failed: %s", e)
+        raise RingError(f"could not re-form the ring after {attempts} attempts")
