@@ -57,6 +57,13 @@ def resolve(spec: str | None, pull: bool = True, say=print) -> Path:
     return source.fetch_all()
 
 
+def names_a_model(spec: str) -> bool:
+    """Whether `spec` could name a model (the default, a path here, or a hub id), without fetching anything."""
+    from .hub import parse
+
+    return spec == DEFAULT_MODEL or Path(spec).expanduser().exists() or parse(spec) is not None
+
+
 @dataclass
 class Source:
     """Where one machine gets a model's files: a local directory (all there), or a model on the hub (each file

@@ -77,7 +77,7 @@ def draft_word(text: str) -> str:
 def _model_args(p: argparse.ArgumentParser, model_help: str = MODEL_HELP + " (default: smollm2-135m)") -> None:
     p.add_argument("--model", help=model_help)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="the weights' and activations' number format; auto (default): bfloat16 on recent CUDA GPUs, "
+                   help="the weights' and activations' number format; auto: bfloat16 on recent CUDA GPUs, "
                    "float16 on older ones, float32 on the CPU")
     p.add_argument("--quant", default="none", choices=["none", "int8", "nf4"],
                    help="quantize the weights while loading (int8, nf4: bitsandbytes, CUDA)")
