@@ -20,7 +20,7 @@ import torch
 import trio
 
 from .adaptive import KPolicy
-from .drafters import Drafter
+from .drafting import Drafter
 from .host import Host, RingError, RingSession
 from .sampling import SamplingParams, verify_sampling
 from .stats import RoundStats, RunningStats
@@ -61,6 +61,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
         if should_stop is not None and should_stop():
             finish = "stopped"
             break
+        epoch = host.epoch  # the plan this round starts under: a failure is recovered from once per plan
         try:
             r, new, at_eos = await rounds_of.step(tokens, max_new_tokens - (len(tokens) - start))
         except RingError as failure:
@@ -70,7 +71,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             log.warning("ring pass failed (%s); re-planning and replaying", failure)
             if on_round is not None:
                 on_round({"event": "recovering", "error": str(failure)})
-            await host.recover()
+            await host.recover(epoch)
             rounds_of.ahead = None
             continue
         retries = 0

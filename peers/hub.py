@@ -101,6 +101,26 @@ class HubModel:
                 out.add(f)
         return sorted(out)
 
+    def tensor_shapes(self) -> dict[str, list[int]]:
+        """Every tensor's shape, from the safetensors headers: of the files in the cache, and of the others read
+        from the hub without their tensors (so the host plans in bytes before fetching anything)."""
+        from .checkpoint import read_header
+
+        shapes = {}
+        for f in sorted(set(self.weight_map.values())):
+            if (self.dir / f).is_file():
+                shapes.update({k: v["shape"] for k, v in read_header(self.dir / f).items()})
+                continue
+            if constants.HF_HUB_OFFLINE:
+                raise ModelError(f"{self.spec[:len(self.repo_id) + 13]}: {f} is not in the Hugging Face cache and "
+                                 f"HF_HUB_OFFLINE=1 forbids fetching it")
+            try:
+                meta = HfApi().parse_safetensors_file_metadata(self.repo_id, f, revision=self.commit)
+            except Exception as e:
+                raise ModelError(f"could not read the header of {f} of {self.repo_id}: {_why(e)}") from None
+            shapes.update({k: list(t.shape) for k, t in meta.tensors.items()})
+        return shapes
+
     def small_files(self) -> list[str]:
         return sorted(f for f in self.files if "/" not in f and f.endswith(SMALL))
 

@@ -90,6 +90,13 @@ class Source:
             hub.fetch(self.hub, self.hub.small_files(), progress, bars)
         return self.fetch(0, 1 << 30, embed=True, head=True, progress=progress, bars=bars)
 
+    def tensor_shapes(self) -> dict[str, list[int]]:
+        if self.hub is not None:
+            return self.hub.tensor_shapes()
+        from .checkpoint import tensor_shapes
+
+        return tensor_shapes(self.dir)
+
     def identity(self, start: int, end: int) -> str:
         """What must match between host and member for layers [start, end): a hub commit pins every byte;
         a local directory is hashed."""

@@ -44,5 +44,17 @@ def smollm2():
     from peers import models
     return models.resolve("smollm2-135m", say=lambda *a: None)
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` run where a GPU is (scripts/gpu_check); elsewhere they skip, saying why."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (scripts/gpu_check runs these)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
 # no test reaches the real hub: tests/test_hub.py turns this off for its own processes, pointed at a stand-in
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -3,7 +3,8 @@
 It serves model repositories from local directories at one commit, with what huggingface_hub reads:
 - GET /api/models/{repo}[/revision/{rev}]: the model info (sha, siblings with sizes);
 - HEAD /{repo}/resolve/{rev}/{file}: X-Repo-Commit, ETag, Content-Length (get_hf_file_metadata);
-- GET the same: the bytes, or from an offset with `Range: bytes=N-` (206, Content-Range), as http_get resumes.
+- GET the same: the bytes, or from an offset with `Range: bytes=N-` (206, Content-Range), as http_get resumes,
+  or a slice with `Range: bytes=A-B`, as huggingface_hub reads a safetensors header without the tensors.
 Every request is recorded, so a test can count which files a process fetched. `cut` makes the first GET of a file
 stop after that many bytes (a dropped connection), to test resuming.
 """
@@ -60,8 +61,9 @@ class HubStub:
         self.server.server_close()
 
     def gets(self, suffix: str = "") -> list[str]:
-        """Files fetched with GET (whole or resumed), in order."""
-        return [f for m, f, _ in self.requests if m == "GET" and f.endswith(suffix) and not f.startswith("api/")]
+        """Files fetched with GET (whole or resumed; not header slices), in order."""
+        return [f for m, f, r in self.requests if m == "GET" and f.endswith(suffix) and not f.startswith("api/")
+                and not re.fullmatch(r"bytes=\d+-\d+", r)]
 
     # --- serving --------------------------------------------------------------------------------------------
 
@@ -84,16 +86,18 @@ class HubStub:
         if not f.is_file():
             return self._error(h, 404, "EntryNotFound", "Entry not found")
         data = f.read_bytes()
-        start = 0
-        if body and (r := re.fullmatch(r"bytes=(\d+)-", h.headers.get("Range", ""))):
+        start, end = 0, len(data)
+        if body and (r := re.fullmatch(r"bytes=(\d+)-(\d*)", h.headers.get("Range", ""))):
             start = int(r.group(1))
-        h.send_response(206 if start else 200)
+            end = min(int(r.group(2)) + 1, len(data)) if r.group(2) else len(data)
+        ranged = body and "Range" in h.headers
+        h.send_response(206 if ranged else 200)
         h.send_header("X-Repo-Commit", self.commit)
         h.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
         h.send_header("Accept-Ranges", "bytes")
-        h.send_header("Content-Length", str(len(data) - start))
-        if start:
-            h.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        h.send_header("Content-Length", str(end - start))
+        if ranged:
+            h.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         h.end_headers()
         if not body:
             return
@@ -105,7 +109,7 @@ class HubStub:
             h.close_connection = True
             h.connection.shutdown(2)
             return
-        h.wfile.write(data[start:])
+        h.wfile.write(data[start:end])
 
     def _log(self, h, what: str) -> None:
         with self.lock:

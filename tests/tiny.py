@@ -60,11 +60,12 @@ def make_model(path: Path, arch: str = "llama", layers: int = 4, seed: int = 0, 
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    common |= config  # e.g. a wider MLP or more heads
     extra = dict(ARCHS[arch])
     model_type, tied = extra.pop("model_type"), extra.pop("tie_word_embeddings", True)
     if extra.pop("alternate", False):  # local and global layers in turn
         extra["layer_types"] = [("sliding_attention", "full_attention")[i % 2] for i in range(layers)]
-    cfg = AutoConfig.for_model(model_type, **{**common, **extra, **config})
+    cfg = AutoConfig.for_model(model_type, **{**extra, **common})
     cfg.tie_word_embeddings = tied if tie is None else tie
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
