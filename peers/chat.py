@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import AutoTokenizer, GenerationConfig
 
 from .adaptive import KPolicy
+from .context import ContextError, context_limit, fit
 from .drafters import Drafter, common_prefix
 from .generate import Result, generate
 from .host import Host
@@ -59,6 +61,7 @@ class Chat:
     messages: list[dict] = field(default_factory=list)
     sid: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     tokens: list[int] = field(default_factory=list)
+    dropped: int = 0  # oldest turns the last reply dropped to fit the context
 
     def __post_init__(self):
         self.rs = self.host.new_session(self.sid)
@@ -66,7 +69,12 @@ class Chat:
     async def reply(self, user_text: str, *, drafter: Drafter, params: SamplingParams, policy: KPolicy,
                     max_new_tokens: int, on_text=None, on_round=None, should_stop=None) -> tuple[str, Result]:
         self.messages.append({"role": "user", "content": user_text})
-        prompt = render(self.tokenizer, self.messages)
+        try:
+            prompt, self.dropped, max_new_tokens = fit(partial(render, self.tokenizer), self.messages,
+                                                       context_limit(self.host.config), max_new_tokens)
+        except ContextError:
+            self.messages.pop()  # refused: the conversation stays as it was
+            raise
         # keep the ring's caches for the part of the conversation that renders the same as what it holds
         common = common_prefix(prompt, self.tokens)
         self.rs.set_position(min(self.rs.ring_len, common, len(prompt) - 1), len(prompt))

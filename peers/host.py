@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import socket
 import time
 
 import torch
@@ -101,18 +100,9 @@ class Host:
 
     @property
     def address(self) -> str:
-        """Where others reach the host; a wildcard listen address is shown as this machine's own."""
+        """Where processes on this machine reach the host (the invite, sfchat/invite.py, names outward ones)."""
         host = parse_addr(self.listen)[0]
-        if host in ("0.0.0.0", "::", ""):
-            try:
-                host = socket.gethostbyname(socket.gethostname())
-            except OSError:
-                host = "127.0.0.1"
-        return f"{host}:{self.port}"
-
-    def invite(self) -> str:
-        tls = f" --tls {self.tls.fingerprint}" if self.tls.enabled else ""
-        return f"sfchat join {self.relay_address or self.address} --token {self.token}{tls}"
+        return f"{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{self.port}"
 
     async def _accept(self, stream: trio.SocketStream) -> None:
         try:
@@ -237,4 +227,5 @@ class Host:
         await self.roster.tell(self.ring, {"t": "drop", "sid": s.sid})
 
     async def close(self) -> None:
+        self.roster.closing = True  # members leaving from now on is the normal end, not a loss
         await self.roster.tell(self.members, {"t": "bye"}, timeout=1)

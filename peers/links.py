@@ -8,6 +8,7 @@ derived from the token.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import secrets
@@ -114,7 +115,15 @@ async def serve(handler, listen: str | None, relay: str | None = None, name: str
         port, addr = 0, ""
         if listen:
             host, p = parse_addr(listen, default_host)
-            listeners = await nursery.start(partial(trio.serve_tcp, handler, p, host=host or None))
+            try:
+                listeners = await nursery.start(partial(trio.serve_tcp, handler, p, host=host or None))
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                busy = OSError(f"cannot listen on {host}:{p}: the address is in use (another sfchat?); "
+                               f"pick another port, e.g. --listen {host}:{p + 1}")
+                busy.errno = e.errno
+                raise busy from None
             port = listeners[0].socket.getsockname()[1]
         if relay:
             addr = await nursery.start(_through_relay, handler, relay, name or host_endpoint(), nursery)

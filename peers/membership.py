@@ -61,6 +61,7 @@ class Roster:
         self.members: list[Member] = []
         self.ids = itertools.count(1)
         self.joined = trio.Condition()
+        self.closing = False  # the host is ending the ring
 
     def live(self) -> list[Member]:
         return [m for m in self.members if m.state not in ("lost", "failed")]
@@ -97,11 +98,17 @@ class Roster:
         try:
             while True:
                 self._heard(m, await ch.recv())
+        except ChannelClosed as e:  # the reason a pass waiting on this member reports
+            m.error = m.error or str(e).removeprefix(f"{ch.name}: ") or "its connection closed"
+            raise
         finally:
-            m.state = "lost"
-            m.ready.set()
-            log.warning("member %d (%s) is gone", m.id, m.name)
-            self.on_change()
+            if m.state != "lost":
+                m.state, m.error = "lost", m.error or "its connection closed"
+                m.ready.set()
+                # the host ending the ring closes every member: that is no loss to warn about
+                log.log(logging.INFO if self.closing else logging.WARNING, "member %d (%s) lost: %s", m.id, m.name,
+                        m.error)
+                self.on_change()
 
     def _heard(self, m: Member, msg: dict) -> None:
         m.last_seen = time.monotonic()

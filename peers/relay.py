@@ -179,6 +179,15 @@ def add_arguments(p) -> None:
     p.add_argument("--rate-mbit", type=float, default=0.0, help="shaping: bandwidth cap per direction (0: none)")
 
 
+def relay_hint(addr: str) -> str:
+    """The host's command for this relay, with an address other machines reach (never a wildcard)."""
+    from sfchat.invite import program, reach
+
+    pin, at, host_port = addr.rpartition("@")
+    shown = reach(host_port, parse_addr(host_port)[1]).addresses[0]
+    return f"{program()} host --relay {pin}{at}{shown}"
+
+
 def run_cli(args) -> int:
     """`sfchat relay`: serve until interrupted; the first stdout line names the address (scripts read it)."""
     if not args.verbose:
@@ -189,7 +198,7 @@ def run_cli(args) -> int:
         async with trio.open_nursery() as nursery:
             addr = await nursery.start(relay.serve, args.listen)
             print(f"relay listening on {addr} ({relay.shaping})", flush=True)
-            print(f"  hosts: sfchat host --relay {addr}    joiners: the host's invite", file=sys.stderr, flush=True)
+            print(f"  hosts: {relay_hint(addr)}    joiners: the host's invite", file=sys.stderr, flush=True)
 
     trio.run(main)
     return 0

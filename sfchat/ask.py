@@ -8,7 +8,7 @@ from peers.adaptive import KPolicy
 from peers.chat import Chat
 from peers.sampling import SamplingParams
 
-from .runtime import drafter_for, open_ring
+from .runtime import drafter_for, open_ring, say
 
 
 async def ask(args) -> int:
@@ -32,4 +32,12 @@ async def ask(args) -> int:
         print(json.dumps({"text": text, "token_ids": result.token_ids, "stats": stats}, ensure_ascii=False))
     else:
         print()
+    if result.finish == "length":
+        say(length_note(args.max_new_tokens, len(result.token_ids)))
     return 0
+
+
+def length_note(max_new_tokens: int, n: int) -> str:
+    if n < max_new_tokens:  # the context window, not the setting, ended it
+        return f"(the answer was cut after {n} tokens: the model's context is full; start a shorter conversation)"
+    return f"(the answer was cut at the length limit, {max_new_tokens} tokens; raise it with --max-new-tokens)"

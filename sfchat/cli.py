@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 
 import trio
@@ -14,47 +15,115 @@ from peers.auth import AuthError
 from peers.channel import ChannelClosed
 from peers.errors import RingError
 
-MODEL_HELP = "a model directory, a hub id in the local Hugging Face cache, a .gguf file, or smollm2-135m (default)"
+from . import __version__
+
+MODEL_HELP = "a model directory, a hub id in the local Hugging Face cache, a .gguf file, or smollm2-135m"
+TOKEN_ENV = "SFCHAT_TOKEN"
+DRAFT_HELP = "auto (on: the best known), none (off), ngram (prompt lookup), or a draft model (same names as --model)"
+
+
+class Formatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it says it already or has none."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if "default" in h or any(action.default is v for v in (None, False, argparse.SUPPRESS)) or not action.option_strings:
+            return h
+        return f"{h} (default: {action.default})"
+
+
+class Parser(argparse.ArgumentParser):
+    """A wrong argument is one line (what is wrong, where to look), not the usage block and then the error."""
+
+    def __init__(self, *a, **kw):
+        kw.setdefault("formatter_class", Formatter)
+        super().__init__(*a, **kw)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def at_least(low: int):
+    def check(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more, got {n}")
+        return n
+    return check
+
+
+def in_range(low: float, high: float):
+    def check(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low <= x <= high:
+            raise argparse.ArgumentTypeError(f"must be in {low:g}..{high:g}, got {text}")
+        return x
+    return check
+
+
+def draft_word(text: str) -> str:
+    from .tui.commands import DRAFT_WORDS
+
+    return DRAFT_WORDS.get(text, text)
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help=MODEL_HELP)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--quant", default="none", choices=["none", "int8", "nf4"])
+    p.add_argument("--model", help=MODEL_HELP + " (default: smollm2-135m)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the weights' and activations' number format")
+    p.add_argument("--quant", default="none", choices=["none", "int8", "nf4"],
+                   help="quantize the weights while loading (int8, nf4: bitsandbytes, CUDA)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda if present)")
 
 
 def _gen_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--local-peers", type=int, default=0, metavar="N", help="start N peer processes on this machine")
-    p.add_argument("--draft", help="none, ngram, or a draft model (same names as --model); default: the best known")
-    p.add_argument("--k", type=int, help="pin the draft length (default: adaptive)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--local-peers", type=at_least(0), default=0, metavar="N",
+                   help="start N peer processes on this machine")
+    p.add_argument("--draft", type=draft_word, help=DRAFT_HELP + " (default: auto)")
+    p.add_argument("--k", type=at_least(0), help="pin the draft length (default: adaptive)")
+    p.add_argument("--max-new-tokens", type=at_least(1), default=256, metavar="N",
+                   help="the longest answer, in tokens")
+    p.add_argument("--temperature", type=in_range(0, 5), default=0.0, help="sampling temperature; 0 is greedy")
+    p.add_argument("--top-p", type=in_range(0, 1), default=1.0, help="nucleus sampling: the likeliest tokens "
+                   "whose probabilities sum to this (1: all)")
+    p.add_argument("--top-k", type=at_least(0), default=0, help="sample among the K likeliest tokens only (0: all)")
+    p.add_argument("--seed", type=int, help="seed of the sampling (default: random)")
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="sfchat", description="Chat with one language model split across machines.")
-    ap.add_argument("-v", "--verbose", action="store_true")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = Parser(prog="sfchat", description="Chat with one language model split across machines.")
+    ap.add_argument("--version", action="version", version=f"sfchat {__version__}")
+    ap.add_argument("-v", "--verbose", action="store_true", help="debug logs on stderr")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
 
-    p = sub.add_parser("pull", help=f"fetch and convert the embedded default model ({models.DEFAULT_MODEL})")
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
-    p = sub.add_parser("ask", help="answer one prompt and exit")
-    p.add_argument("prompt")
+    p = command("pull", f"fetch and convert the embedded default model ({models.DEFAULT_MODEL})")
+
+    p = command("ask", "answer one prompt and exit")
+    p.add_argument("prompt", help="the question (one turn, no system prompt)")
     _model_args(p)
     _gen_args(p)
-    p.add_argument("--listen", help="host a ring on HOST:PORT for this answer")
-    p.add_argument("--token", help="join token (with --listen)")
-    p.add_argument("--wait-peers", type=int, default=0, metavar="N", help="wait for N joiners (with --listen)")
+    p.add_argument("--listen", help="host a ring on HOST:PORT for this answer (default: none, local peers only)")
+    p.add_argument("--advertise", metavar="HOST[:PORT]", help="the address the invite names (default: this "
+                   "machine's outward address)")
+    p.add_argument("--token", help="join token (with --listen; default: a random one)")
+    p.add_argument("--wait-peers", type=at_least(0), default=0, metavar="N", help="wait for N joiners (with --listen)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
-    p = sub.add_parser("host", help="host a ring and chat")
+    p = command("host", "host a ring and chat")
     _model_args(p)
     _gen_args(p)
     p.add_argument("--listen", default="127.0.0.1:7340", help="HOST:PORT to accept members on (0.0.0.0 for a LAN)")
+    p.add_argument("--advertise", metavar="HOST[:PORT]", help="the address the invite names (default: the listen "
+                   "address, or for 0.0.0.0 this machine's outward address)")
     p.add_argument("--token", help="join token (default: a random one)")
     p.add_argument("--headless", action="store_true", help="a plain prompt loop instead of the TUI")
     p.add_argument("--relay", metavar="HOST:PORT", help="also be reachable through this relay (the invite uses it)")
@@ -62,32 +131,38 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", nargs="?", const="last", metavar="CHAT",
                    help="reopen the latest saved chat, or the one named (the TUI)")
     p.set_defaults(temperature=None)  # unset: the user's setting (`sfchat config`), 0.7 out of the box
+    for a in p._actions:
+        if a.dest == "temperature":
+            a.help = "sampling temperature; 0 is greedy (default: your setting, 0.7 out of the box)"
 
-    p = sub.add_parser("config", help="print the path of the settings file (written with defaults if missing)")
+    p = command("config", "print the path of the settings file (written with defaults if missing)")
 
-    p = sub.add_parser("join", help="join a ring as a peer")
+    p = command("join", "join a ring as a peer")
     p.add_argument("address", help="the host's HOST:PORT, or relay://RELAY/RING/host from a relayed invite")
-    p.add_argument("--token", required=True)
+    p.add_argument("--token", help="the join token from the invite (or the environment variable SFCHAT_TOKEN)")
     _model_args(p)
     p.add_argument("--listen", default="0.0.0.0:0", help="HOST:PORT for hidden states from the previous hop")
-    p.add_argument("--advertise", help="HOST:PORT others should use to reach this peer")
+    p.add_argument("--advertise", help="HOST:PORT others should use to reach this peer (default: the address "
+                   "the host sees)")
     p.add_argument("--offer-gb", type=float, help="memory to offer (default: what is free)")
-    p.add_argument("--name", default="peer")
+    p.add_argument("--name", default="peer", help="this peer's name in the host's ring panel")
     p.add_argument("--relay", metavar="HOST:PORT", help="be reachable through this relay (implied by a relay:// address)")
     p.add_argument("--tls", metavar="FINGERPRINT", help="the host's certificate fingerprint (from a --tls invite)")
     p.add_argument("--headless", action="store_true", help="a plain log instead of the peer screen")
+    p.add_argument("--stay", action="store_true", help="when the host closes the ring, wait for it and join "
+                   "again (default: exit)")
 
-    p = sub.add_parser("relay", help="forward members' connections between networks (optionally shaped)")
+    p = command("relay", "forward members' connections between networks (optionally shaped)")
     from peers.relay import add_arguments as relay_arguments
     relay_arguments(p)
 
-    p = sub.add_parser("bench", help="tokens/s of transformers and the ring over links of given round-trip times")
+    p = command("bench", "tokens/s of transformers and the ring over links of given round-trip times")
     _model_args(p)
     from .bench import add_arguments as bench_arguments
     bench_arguments(p)
 
-    p = sub.add_parser("distill", help="train a small draft model for --model by self-distillation (resumable)")
-    p.add_argument("--model", help=MODEL_HELP)
+    p = command("distill", "train a small draft model for --model by self-distillation (resumable)")
+    p.add_argument("--model", help=MODEL_HELP + " (default: smollm2-135m)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda if present)")
     from .distill import add_arguments as distill_arguments
     distill_arguments(p)
@@ -153,16 +228,19 @@ def cmd_host(args) -> int:
 
 
 def cmd_join(args) -> int:
+    args.token = args.token or os.environ.get(TOKEN_ENV)  # local peers get it this way: argv is public in `ps`
+    if not args.token:
+        raise ValueError(f"no join token: pass --token from the host's invite (or set {TOKEN_ENV})")
     if not args.headless and sys.stdin.isatty() and sys.stdout.isatty():
         from .tui import run_peer
 
         return run_peer(args)
-    from peers.peer import Peer
+    from .join import join_ring
 
-    peer = Peer(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
-                device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb, name=args.name,
-                relay=args.relay, tls_pin=args.tls)
-    trio.run(peer.run)
+    def say(text: str) -> None:
+        print(f"sfchat join: {text}", file=sys.stderr, flush=True)
+
+    say(trio.run(join_ring, args, say))
     return 0
 
 

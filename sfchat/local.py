@@ -20,6 +20,11 @@ def _die_with_parent() -> None:
         pass  # not Linux: the parent still terminates its children on exit
 
 
+def local_name(i: int) -> str:
+    """local-a, local-b, …: letters, so no name reads like a member number (the host numbers members)."""
+    return "local-" + (chr(ord("a") + i) if i < 26 else str(i + 1))
+
+
 class LocalPeers:
     def __init__(self, n: int, host_addr: str, token: str, *, model: str | None = None, dtype: str = "float32",
                  quant: str = "none", extra: list[str] | None = None):
@@ -27,9 +32,10 @@ class LocalPeers:
         logs = cache_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.log_paths: list[Path] = []
+        env = os.environ | {"SFCHAT_TOKEN": token}  # not in argv: any user of the machine reads that in `ps`
         for i in range(n):
-            cmd = [sys.executable, "-m", "sfchat", "join", host_addr, f"--token={token}", "--headless",
-                   "--name", f"local{i + 1}", "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant]
+            cmd = [sys.executable, "-m", "sfchat", "join", host_addr, "--headless",
+                   "--name", local_name(i), "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant]
             if model:
                 cmd += ["--model", model]
             cmd += extra or []
@@ -37,13 +43,13 @@ class LocalPeers:
             self.log_paths.append(path)
             with open(path, "w") as log:
                 self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                   preexec_fn=_die_with_parent))
+                                                   env=env, preexec_fn=_die_with_parent))
 
     def check(self) -> None:
         for i, p in enumerate(self.procs):
             if p.poll() is not None:
                 tail = self.log_paths[i].read_text().strip().splitlines()[-1:] or ["(no output)"]
-                raise RuntimeError(f"local peer {i + 1} exited with {p.returncode}: {tail[0]}")
+                raise RuntimeError(f"a local peer (pid {p.pid}) exited with {p.returncode}: {tail[0]}")
 
     def close(self) -> None:
         for p in self.procs:

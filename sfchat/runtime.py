@@ -10,6 +10,7 @@ import trio
 from peers.chat import eos_ids, load_tokenizer
 from peers.drafters import make_drafter
 from peers.host import Host
+from sfchat import invite
 from sfchat.local import LocalPeers
 
 
@@ -44,7 +45,7 @@ async def open_ring(args, *, wait_peers: int = 0, announce: bool = True, host: H
                            extra=["--tls", host.tls.fingerprint] if host.tls.enabled else None) if n_local else None
         try:
             if wait_peers and announce:
-                say(f"Waiting for {wait_peers} peer(s). On each, run:\n  {host.invite()}")
+                say(f"Waiting for {wait_peers} peer(s). On each, run:\n  {invite_for(args, host)}")
             want = n_local + wait_peers
             with trio.fail_after(getattr(args, "join_timeout", 300)):
                 while sum(m.state != "lost" for m in host.members) < want:
@@ -62,6 +63,10 @@ async def open_ring(args, *, wait_peers: int = 0, announce: bool = True, host: H
             if local is not None:
                 local.close()
             nursery.cancel_scope.cancel()
+
+
+def invite_for(args, host: Host) -> invite.Invite:
+    return invite.for_host(host, getattr(args, "advertise", None))
 
 
 def drafter_for(args, ring: Ring):

@@ -37,14 +37,20 @@ def path() -> Path:
 def parse_k(value) -> str:
     if str(value) == "auto":
         return "auto"
-    k = int(value)
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"K must be auto or a whole number 0..32, got {value!r}") from None
     if not 0 <= k <= 32:
         raise ValueError("K must be auto or 0..32")
     return str(k)
 
 
 def parse_temperature(value) -> float:
-    t = float(value)
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"temperature must be a number in 0..5, got {value!r}") from None
     if not 0 <= t <= 5:
         raise ValueError("temperature must be in 0..5")
     return t

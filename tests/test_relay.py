@@ -19,6 +19,7 @@ from peers.auth import AuthError, client_handshake
 from peers.channel import Channel, parse_addr
 from helpers import check_logits_follow, running_ring
 from peers.relay import Relay
+from sfchat.invite import for_host
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -239,7 +240,8 @@ def test_ring_through_relay(tiny_llama):
     with relay_process() as (addr, proc):
         async def main():
             async with running_ring(tiny_llama, 2, relay=addr) as (host, _):
-                assert host.invite().startswith(f"sfchat join relay://{addr}/") and host.invite().endswith(host.token)
+                invite = for_host(host).command
+                assert f" join relay://{addr}/" in invite and invite.endswith(f"--token {host.token}")
                 assert len(host.ring) == 2 and all(m.data_addr.startswith(f"relay://{addr}/") for m in host.ring)
                 await check_logits_follow(host, ref, [5, 17, 42, 99, 7], 4)
                 intruder = Channel(await links.dial(host.relay_address))

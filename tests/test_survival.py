@@ -99,14 +99,14 @@ def test_a_restarted_member_rejoins_with_the_same_command(tiny_llama):
             while all(m.state != "lost" for m in host.members):
                 await trio.sleep(0.05)
         lp.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         env=dict(os.environ, PYTHONPATH=str(ROOT))))
+                                         env=dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_TOKEN=host.token)))
         with trio.fail_after(60):  # it joins again and is planned in while the answer goes on
             while sum(m.state == "ready" for m in host.members) < 2:
                 await trio.sleep(0.05)
 
     r, events, ring = trio.run(answer_with_incident, tiny_llama, 2, restart, "none", 2, True)
     assert r.token_ids == reference_ids(tiny_llama, PROMPT, N)
-    assert len(ring) == 2 and "local1" in [name for name, _ in ring]
+    assert len(ring) == 2 and "local-a" in [name for name, _ in ring]
 
 
 def test_ask_keeps_streaming_when_a_peer_is_killed(tiny_llama):

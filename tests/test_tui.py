@@ -76,15 +76,19 @@ def test_prompt_answer_stats_commands_and_quit(tiny_llama):
             scr = app.main_screen
             ring = [row for row in scr.query_one(RingPanel).query_one(DataTable).rows]
             assert ring == ["0", "1"]
-            assert "sfchat join 127.0.0.1:" in scr.query_one(RingPanel).invite
+            assert " join 127.0.0.1:" in scr.query_one(RingPanel).invite
 
             answer = await ask(app, pilot, "hello world")
             assert answer.source and answer.source == scr.conv.messages[-1]["content"]
             assert [m["role"] for m in scr.conv.messages] == ["user", "assistant"]
-            rounds = text_of(scr.query_one(StatsPanel).query_one("#rounds", Static))
-            assert "tok/round" in rounds and "(last " in rounds
-            speed = text_of(scr.query_one(StatsPanel).query_one("#speed", Static))
-            assert "tok/s" in speed and "—" not in speed
+            stats = scr.query_one(StatsPanel)
+            rounds = text_of(stats.query_one("#rounds", Static))
+            assert "the last answer" in rounds and "tokens/trip" in rounds and " last" in rounds
+            assert rounds.count("K") == 1 and "drafts/trip avg" in rounds  # measured K; the setting is apart
+            speed = text_of(stats.query_one("#speed", Static)).splitlines()
+            now, avg, peak = speed[1].split()[1:]
+            assert now == "—" and float(avg) > 0 and float(peak) > 0  # "now" ends with the answer
+            assert "1 answers" in text_of(stats.query_one("#session", Static))
             assert scr.query_one(StatsPanel).history  # the sparkline's data
 
             # saved as it grows, atomically, in the private data dir
@@ -95,11 +99,12 @@ def test_prompt_answer_stats_commands_and_quit(tiny_llama):
             await pilot.press(*"/temp 0.3", "enter")
             await pilot.press(*"/k 2", "enter")
             await pilot.press(*"/draft off", "enter")
+            await until(pilot, lambda: settings.load().draft == "none", "the engine to take the draft")
             s = settings.load()
             assert (s.temperature, s.k, s.draft) == (0.3, "2", "none")
             assert scr.temperature == 0.3 and scr.k == 2 and scr.draft == "none"
             shown = text_of(scr.query_one(StatsPanel).query_one("#settings", Static))
-            assert "0.3" in shown and "2 (pinned)" in shown
+            assert "0.3" in shown and "K setting" in shown and "2 (pinned)" in shown
 
             # multi-turn through the chat template, with the new settings
             await ask(app, pilot, "and again")
@@ -213,5 +218,67 @@ def test_a_ring_that_cannot_start_says_why_and_quits(tmp_path):
             assert "no-such-model" in str(status.content)
             await pilot.press("ctrl+q")
             await until(pilot, lambda: not app.engine.thread.is_alive(), "the engine thread to end", 10)
+
+    asyncio.run(main())
+    assert app.return_code == 1 and "no-such-model" in app.fatal  # a fatal error exits non-zero, after showing it
+
+
+def notices(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+def test_slash_commands_refuse_bad_arguments_in_one_line_and_save_nothing_broken(tiny_llama, tmp_path):
+    app = host_app(tiny_llama, "--max-new-tokens", "6", "--draft", "none", "--temperature", "0")
+    not_a_model = tmp_path / "empty-dir"
+    not_a_model.mkdir()
+
+    async def main():
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(app, pilot)
+            before = settings.load()
+            for line, says in (("/k abc", "/k: K must be auto or a whole number 0..32, got 'abc'"),
+                               ("/k 99", "/k: K must be auto or 0..32"),
+                               ("/temp abc", "/temp: temperature must be a number in 0..5, got 'abc'"),
+                               ("/temp -1", "/temp: temperature must be in 0..5"),
+                               ("/draft", "/draft: which drafter? on, off, ngram or a model"),
+                               ("/draft /nonexistent", "/draft: no draft model '/nonexistent'"),
+                               ("/frobnicate", "unknown command /frobnicate; /help lists them")):
+                await pilot.press(*line, "enter")
+                await until(pilot, lambda: any(says in n for n in notices(app)), f"the message for {line}", 10)
+                shown = next(n for n in notices(app) if says in n)
+                assert "\n" not in shown and "Traceback" not in shown and "invalid literal" not in shown
+            # a path that exists but holds no model: the engine tries it, says why, and nothing is saved
+            await pilot.press(*f"/draft {not_a_model}", "enter")
+            await until(pilot, lambda: any("(not saved)" in n for n in notices(app)), "the draft's refusal")
+            assert settings.load() == before and not settings.path().exists() or settings.load().draft == "auto"
+            assert app.main_screen.draft == "none"  # still the working one
+            answer = await ask(app, pilot, "hello world")  # and the next answer works
+            assert answer.border_subtitle.startswith("length limit (6 tokens)")
+            assert "--max-new-tokens" in answer.border_subtitle
+
+    asyncio.run(main())
+
+
+def test_a_chat_past_the_context_drops_its_oldest_messages_and_says_so(tiny_llama):
+    app = host_app(tiny_llama, "--max-new-tokens", "4", "--draft", "none", "--temperature", "0")
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 6)  # ~190 of the tiny model's 512 positions
+
+    async def main():
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(app, pilot)
+            scr = app.main_screen
+            status = scr.query_one("#status", Static)
+            for _ in range(3):
+                scr.query_one(PromptInput).value = long
+                await pilot.press("enter")
+                await until(pilot, lambda: not scr.answering, "the answer")
+            assert "dropped the 2 oldest message(s)" in str(status.content)
+            assert len(scr.conv.messages) == 6  # the chat itself keeps every message
+            # one prompt alone past the context is refused in one line; the chat is as it was
+            scr.query_one(PromptInput).value = long * 3
+            await pilot.press("enter")
+            await until(pilot, lambda: not scr.answering, "the refusal")
+            assert "the answer failed: the prompt is" in str(status.content) and "512" in str(status.content)
+            assert len(scr.conv.messages) == 6
 
     asyncio.run(main())

@@ -58,13 +58,47 @@ def test_peer_screen_follows_a_real_ring(tiny_llama, tmp_path, caplog):
                 await until(pilot, lambda: scr.state.frames >= 3 and spark.data, "frames served")
                 assert scr.state.sessions >= 1
                 assert any("joined" in line for line in scr.query_one(Log).lines)
-                host.stdin.close()  # the host ends its loop and says bye to the ring
-                await until(pilot, lambda: scr.state.state == "closed", "the host to close the ring")
-                await pilot.press("ctrl+q")
+                host.stdin.close()  # the host ends its loop and says bye to the ring: a normal end, exit 0
+                await until(pilot, lambda: app.ended, "the host to close the ring")
 
         asyncio.run(main())
+        assert app.ended == "the host closed the ring" and app.return_code == 0 and app.fatal is None
         assert host.wait(30) == 0
     finally:
         if host.poll() is None:
             host.kill()
+        log.close()
+
+
+def test_a_refused_peer_shows_why_and_exits_nonzero(tiny_llama, tmp_path):
+    """A joiner with a wrong token: the screen says so, and Ctrl+Q exits 1 (a fatal error, not a normal end)."""
+    port = free_port()
+    log = open(tmp_path / "host.log", "w")
+    host = subprocess.Popen([sys.executable, "-m", "sfchat", "host", "--headless", "--model", str(tiny_llama),
+                             "--listen", f"127.0.0.1:{port}", "--token", "the-right-one"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        deadline = time.monotonic() + 60
+        while "sfchat host on" not in (tmp_path / "host.log").read_text():
+            assert host.poll() is None and time.monotonic() < deadline, (tmp_path / "host.log").read_text()
+            time.sleep(0.1)
+        args = parser().parse_args(["join", f"127.0.0.1:{port}", "--token", "wrong", "--model", str(tiny_llama),
+                                    "--listen", "127.0.0.1:0"])
+        app = PeerApp(args)
+
+        async def main():
+            async with app.run_test(size=(120, 36)) as pilot:
+                end = time.monotonic() + 30
+                while app.fatal is None:
+                    assert time.monotonic() < end, "the refusal never showed"
+                    await pilot.pause(0.05)
+                assert app.main_screen.sub_title == "stopped"
+                await pilot.press("ctrl+q")
+
+        asyncio.run(main())
+        assert app.return_code == 1 and "token" in app.fatal
+    finally:
+        host.kill()
+        host.wait()
         log.close()

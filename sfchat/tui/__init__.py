@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 from peers.locations import cache_dir
+from sfchat.invite import program
 
 
 def log_to_file(name: str) -> None:
@@ -31,8 +33,8 @@ def run_host(args) -> int:
             app.engine.close()
     chat = app.main_screen.conv if hasattr(app, "main_screen") else conv
     if chat.messages:
-        print(f"chat saved; reopen it with: sfchat host --resume {chat.id}")
-    return app.return_code or 0
+        print(f"chat saved; reopen it with: {program()} host --resume {chat.id}")
+    return finish(app, "host")
 
 
 def run_peer(args) -> int:
@@ -45,4 +47,14 @@ def run_peer(args) -> int:
     finally:
         if app.engine is not None:
             app.engine.close()
+    return finish(app, "join")
+
+
+def finish(app, command: str) -> int:
+    """The exit status, the reason said again on the terminal (the screen that showed it is gone)."""
+    if app.fatal:
+        print(f"sfchat {command}: {app.fatal}", file=sys.stderr)
+        return app.return_code or 1
+    if app.ended:
+        print(f"sfchat {command}: {app.ended}", file=sys.stderr)
     return app.return_code or 0

@@ -32,6 +32,8 @@ class SfchatApp(App):
         self.start_engine = start_engine
         self.engine = None
         self.log_handler: UILogHandler | None = None
+        self.fatal: str | None = None  # the error that stopped the engine: shown, then the exit status is 1
+        self.ended = ""  # why the app ended on its own (a joiner whose host closed the ring)
 
     def make_worker(self, post):
         raise NotImplementedError
@@ -48,7 +50,7 @@ class SfchatApp(App):
         if self.engine is not None:
             self.notify("Stopping…")
             await asyncio.to_thread(self.engine.close)  # the ring says bye, local peer processes are ended
-        self.exit()
+        self.exit(return_code=1 if self.fatal else 0)
 
     def on_unmount(self) -> None:
         if self.log_handler is not None:

@@ -19,12 +19,13 @@ from peers.adaptive import KPolicy
 from peers.chat import Chat
 from peers.drafters import make_drafter
 from peers.host import Host
-from peers.peer import Peer, PeerState
+from peers.peer import PeerState
 from peers.sampling import SamplingParams
-from sfchat.runtime import build_host, open_ring
+from sfchat.join import join_ring
+from sfchat.runtime import build_host, invite_for, open_ring
 
-from .messages import (AnswerDelta, AnswerDone, AnswerFailed, EngineFailed, LogLine, PeerChanged, Ready, Recovering,
-                       RingChanged, RoundDone, Status)
+from .messages import (AnswerDelta, AnswerDone, AnswerFailed, DraftChecked, Ended, EngineFailed, LogLine, PeerChanged,
+                       Ready, Recovering, RingChanged, RoundDone, Status)
 
 log = logging.getLogger("sfchat.tui")
 
@@ -116,6 +117,7 @@ class Engine(Worker):
         self._early: list[tuple] = []  # requests made before trio started
         self._first_messages = list(messages or [])
         self.host: Host | None = None
+        self.lost_at: dict[int, int] = {}  # member id -> the ring epoch it was lost in
 
     # --- called from the UI thread --------------------------------------------------------------------------
 
@@ -125,6 +127,10 @@ class Engine(Worker):
     def load(self, messages: list[dict]) -> None:
         """Start over with these messages (a new chat, or a saved one: the next answer replays them)."""
         self._queue("load", list(messages))
+
+    def check_draft(self, spec: str) -> None:
+        """Load the drafter `spec` (a settings word or model) now; DraftChecked says whether it works."""
+        self._queue("draft", spec)
 
     def stop_answer(self, n: int) -> None:
         self.stop_upto = max(self.stop_upto, n)  # read between rounds by should_stop; a plain int is thread-safe
@@ -142,8 +148,17 @@ class Engine(Worker):
         self.post(Status(" ".join(str(x) for x in a)))
 
     def _ring_changed(self) -> None:
-        if self.host is not None and self.host.port:
-            self.post(RingChanged(self.host.members_info(), self.host.invite()))
+        host = self.host
+        if host is None or not host.port:
+            return
+        invite = invite_for(self.args, host)
+        members = host.members_info()
+        members[0]["address"] = invite.address
+        for m in members:  # a lost member is shown until the ring is re-planned without it, then dropped
+            if m["state"] == "lost":
+                self.lost_at.setdefault(m["id"], host.epoch)
+        members = [m for m in members if self.lost_at.get(m["id"], host.epoch) == host.epoch]
+        self.post(RingChanged(members, "\n".join(invite.lines())))
 
     async def main(self) -> None:
         with self._lock:  # before any checkpoint, so these stay ahead of requests sent through the token
@@ -167,6 +182,8 @@ class Engine(Worker):
             async for kind, *payload in self._inbox:
                 if kind == "ask":
                     await self._ask(*payload)
+                elif kind == "draft":
+                    await self._check_draft(payload[0])
                 elif kind == "load":
                     await host.drop(self.chat.rs)
                     self.chat = Chat(host, ring.tokenizer, ring.eos, messages=payload[0])
@@ -178,6 +195,14 @@ class Engine(Worker):
                 lambda: make_drafter(spec, ring.host.model_dir, ring.host.config.vocab_size, ring.tokenizer,
                                      device=ring.host.device, say=self._say))
             self.draft_spec = spec
+
+    async def _check_draft(self, spec: str) -> None:
+        try:
+            await self._use_drafter(None if spec == "auto" else spec)
+        except Exception as e:  # noqa: BLE001 - a drafter that does not load is reported, never saved
+            self.post(DraftChecked(spec, describe(e)))
+            return
+        self.post(DraftChecked(spec, None, self.drafter.name))
 
     async def _ask(self, n: int, text: str, opts: AskOptions) -> None:
         chat = self.chat
@@ -202,7 +227,8 @@ class Engine(Worker):
             del chat.messages[before:]  # no dangling user turn: the next prompt renders cleanly
             self.post(AnswerFailed(n, describe(e), [dict(m) for m in chat.messages]))
             return
-        self.post(AnswerDone(n, answer, result.finish, [dict(m) for m in chat.messages], self.drafter.name))
+        self.post(AnswerDone(n, answer, result.finish, [dict(m) for m in chat.messages], self.drafter.name,
+                             chat.dropped, len(result.token_ids) < opts.max_new_tokens))
 
 
 class PeerWorker(Worker):
@@ -218,14 +244,9 @@ class PeerWorker(Worker):
         self.post(PeerChanged(dataclasses.replace(st, compute_ms=list(st.compute_ms))))
 
     async def main(self) -> None:
-        a = self.args
-        # the same Peer as `sfchat join --headless` builds, plus the screen's callback
-        peer = Peer(a.address, a.token, model=a.model, listen=a.listen, advertise=a.advertise, device=a.device,
-                    dtype=a.dtype, quant=a.quant, offer_gb=a.offer_gb, name=a.name, on_change=self._changed,
-                    relay=getattr(a, "relay", None), tls_pin=getattr(a, "tls", None))
-        self._changed(peer.st)
-        await peer.run()
-        self._changed(dataclasses.replace(peer.st, state="closed", error="the host closed the ring"))
+        # the same life as `sfchat join --headless`, plus the screen's callback
+        why = await join_ring(self.args, say=logging.getLogger("sfchat.join").info, on_change=self._changed)
+        self.post(Ended(why))
 
 
 class UILogHandler(logging.Handler):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from sfchat.settings import parse_k, parse_temperature
 
@@ -17,6 +18,20 @@ HELP = [
     ("/help", "this screen"),
 ]
 DRAFT_WORDS = {"on": "auto", "auto": "auto", "off": "none", "none": "none", "ngram": "ngram"}
+
+
+def check_draft(arg: str) -> str:
+    """The setting for `/draft ARG`: a word, or a draft model that exists here (loading it is the engine's)."""
+    if not arg:
+        raise ValueError("which drafter? on, off, ngram or a model")
+    if arg in DRAFT_WORDS:
+        return DRAFT_WORDS[arg]
+    from peers.models import DEFAULT_MODEL, hub_cache_snapshot
+
+    if arg != DEFAULT_MODEL and not Path(arg).expanduser().exists() and hub_cache_snapshot(arg) is None:
+        raise ValueError(f"no draft model {arg!r}: on, off, ngram, a model directory, a .gguf file or a hub id "
+                         "in the local cache")
+    return arg
 
 
 class CommandError(ValueError):
@@ -38,9 +53,7 @@ def parse(line: str) -> Command:
         if name in ("temp", "temperature"):
             return Command("temp", parse_temperature(arg))
         if name == "draft":
-            if not arg:
-                raise ValueError("which drafter? on, off, ngram or a model")
-            return Command("draft", DRAFT_WORDS.get(arg, arg))
+            return Command("draft", check_draft(arg))
         if name in ("new", "chats", "copy", "invite", "help", "quit"):
             return Command(name)
         if name == "save":

@@ -47,9 +47,29 @@ class Recovering(Message):
 
 
 class AnswerDone(Message):
-    def __init__(self, n: int, text: str, finish: str, messages: list[dict], drafter: str) -> None:
+    """`finish`: eos, length (the limit cut it), stopped; `dropped`: oldest messages left out to fit the context."""
+
+    def __init__(self, n: int, text: str, finish: str, messages: list[dict], drafter: str, dropped: int = 0,
+                 cut_by_context: bool = False) -> None:
         super().__init__()
         self.n, self.text, self.finish, self.messages, self.drafter = n, text, finish, messages, drafter
+        self.dropped, self.cut_by_context = dropped, cut_by_context
+
+
+class DraftChecked(Message):
+    """`/draft SPEC` was tried in the engine: `error` is None when it loaded (and is in use from now on)."""
+
+    def __init__(self, spec: str, error: str | None, name: str = "") -> None:
+        super().__init__()
+        self.spec, self.error, self.name = spec, error, name
+
+
+class Ended(Message):
+    """The peer's ring ended normally (the host closed it): the app exits 0 and says why."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__()
+        self.why = why
 
 
 class AnswerFailed(Message):

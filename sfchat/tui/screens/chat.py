@@ -15,8 +15,8 @@ from sfchat import store
 
 from .. import commands
 from ..bridge import AskOptions
-from ..messages import (AnswerDelta, AnswerDone, AnswerFailed, EngineFailed, LogLine, Ready, Recovering, RingChanged,
-                        RoundDone, Status)
+from ..messages import (AnswerDelta, AnswerDone, AnswerFailed, DraftChecked, EngineFailed, LogLine, Ready, Recovering,
+                        RingChanged, RoundDone, Status)
 from ..widgets.conversation import ChatMessage, Conversation
 from ..widgets.prompt import PromptInput
 from ..widgets.ring import RingPanel
@@ -27,6 +27,17 @@ from .history import HistoryScreen
 
 def drafter_label(spec: str | None) -> str:
     return "auto" if spec is None else spec
+
+
+def finish_tag(msg: AnswerDone, max_new_tokens: int) -> str:
+    """The answer's border note: why it ended, when that was not the model's own end."""
+    if msg.finish == "stopped":
+        return "stopped"
+    if msg.finish != "length":
+        return ""
+    if msg.cut_by_context:
+        return "cut: the model's context is full (/new starts over)"
+    return f"length limit ({max_new_tokens} tokens): raise it with --max-new-tokens"
 
 
 class ChatScreen(Screen):
@@ -56,6 +67,7 @@ class ChatScreen(Screen):
         self.answering = False
         self.live: int | None = None  # the answer being shown (None once the chat it belonged to is gone)
         self.current: ChatMessage | None = None
+        self.recovering = False  # the status line says the ring broke, until a round goes through again
         self.last_answer = next((m["content"] for m in reversed(conv.messages) if m["role"] == "assistant"), "")
 
     @property
@@ -153,10 +165,11 @@ class ChatScreen(Screen):
                 self.save()
                 self.remember_settings(f"temperature {cmd.value:g}")
             case "draft":
-                s.draft = cmd.value
-                self.draft = s.draft_spec
-                self.drafter_name = drafter_label(self.draft)
-                self.remember_settings(f"draft {cmd.value} (from the next answer)")
+                if self.engine is None:
+                    self.use_draft(cmd.value)
+                else:  # saved once the engine has loaded it: a draft that does not work is never saved
+                    self.notify(f"loading draft {cmd.value}…")
+                    self.engine.check_draft(cmd.value)
             case "new":
                 await self.action_new_chat()
             case "chats":
@@ -171,6 +184,18 @@ class ChatScreen(Screen):
                 self.action_help()
             case "quit":
                 await self.app.action_quit()
+
+    def use_draft(self, value: str, name: str | None = None) -> None:
+        self.settings.draft = value
+        self.draft = self.settings.draft_spec
+        self.drafter_name = name or drafter_label(self.draft)
+        self.remember_settings(f"draft {value}")
+
+    def on_draft_checked(self, msg: DraftChecked) -> None:
+        if msg.error is not None:
+            self.notify(f"/draft {msg.spec}: {msg.error} (not saved)", severity="error")
+        else:
+            self.use_draft(msg.spec, msg.name)
 
     def remember_settings(self, what: str) -> None:
         path = settings_mod.save(self.settings)
@@ -265,8 +290,12 @@ class ChatScreen(Screen):
 
     def on_round_done(self, msg: RoundDone) -> None:
         self.query_one(StatsPanel).add_round(msg.event)
+        if self.recovering:  # a round went through: the ring is whole again
+            self.recovering = False
+            self.set_status("the ring is whole again; answering… (Esc stops)")
 
     def on_recovering(self, msg: Recovering) -> None:
+        self.recovering = True
         self.set_status(f"the ring broke ({msg.error}); re-planning and replaying…", error=True)
 
     async def on_answer_done(self, msg: AnswerDone) -> None:
@@ -277,13 +306,18 @@ class ChatScreen(Screen):
             self.set_status("ready")
             return
         await self.end_stream(msg.text)
-        self.current.border_subtitle = "stopped" if msg.finish == "stopped" else ""
+        self.query_one(StatsPanel).answer_done()
+        self.recovering = False
+        self.current.border_subtitle = finish_tag(msg, self.args.max_new_tokens)
         self.live = None
         self.last_answer = msg.text
         self.conv.messages = msg.messages
         self.save()
         self.answering = False  # only now: ending the stream yields, and the answer is whole once this is False
-        self.set_status("stopped" if msg.finish == "stopped" else "ready")
+        status = "stopped" if msg.finish == "stopped" else "ready"
+        if msg.dropped:
+            status += f" (dropped the {msg.dropped} oldest message(s) to fit the model's context)"
+        self.set_status(status)
 
     async def on_answer_failed(self, msg: AnswerFailed) -> None:
         if msg.n != self.live:
@@ -291,6 +325,8 @@ class ChatScreen(Screen):
             self.set_status("ready")
             return
         await self.end_stream()
+        self.query_one(StatsPanel).answer_done()
+        self.recovering = False
         self.current.border_subtitle = "failed"
         self.current.add_class("error")
         self.live = None
@@ -301,6 +337,7 @@ class ChatScreen(Screen):
 
     async def on_engine_failed(self, msg: EngineFailed) -> None:
         self.ready, self.stopped_error = False, msg.error
+        self.app.fatal = msg.error
         if self.answering:
             self.answering = False
             await self.end_stream()

@@ -7,7 +7,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Log, Sparkline, Static
 
-from ..messages import EngineFailed, LogLine, PeerChanged
+from ..messages import Ended, EngineFailed, LogLine, PeerChanged
 from ..widgets.fmt import ms, size
 
 
@@ -50,7 +50,12 @@ class PeerScreen(Screen):
     def on_log_line(self, msg: LogLine) -> None:
         self.query_one(Log).write_line(msg.text)
 
+    def on_ended(self, msg: Ended) -> None:
+        self.app.ended = msg.why
+        self.app.exit(return_code=0)
+
     def on_engine_failed(self, msg: EngineFailed) -> None:
+        self.app.fatal = msg.error
         self.sub_title = "stopped"
         self.query_one(Log).write_line(f"stopped: {msg.error}")
-        self.notify(msg.error, title="the peer stopped", severity="error", timeout=30)
+        self.notify(f"{msg.error} (Ctrl+Q quits)", title="the peer stopped", severity="error", timeout=30)

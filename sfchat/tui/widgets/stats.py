@@ -1,4 +1,8 @@
-"""The stats panel: speed, a sparkline of tokens/s, tokens and acceptance per round, K, the round's time split."""
+"""The stats panel: speed, a sparkline of tokens/s, tokens and acceptance per round trip, K, the trip's time split.
+
+Counts and averages are over one span, the answer being written (or the last one); totals since the app started
+sit apart. A round is one trip around the ring: the host sends the drafts, every member computes, the host
+verifies and commits the accepted tokens plus one of its own."""
 from __future__ import annotations
 
 from rich.table import Table
@@ -23,27 +27,44 @@ def _grid(rows: list[tuple[str, str]]) -> Table:
 
 
 class StatsPanel(Vertical):
+    """Speed and rounds of the answer being written (or the last one), the chat's totals apart, the settings."""
+
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.border_title = "stats"
         self.history: list[float] = []  # tokens/s now, after each round of every answer in this session
         self.latest: dict | None = None
         self.dirty = False
+        self.live = False  # an answer is being written: "now" means something
+        self.totals = {"answers": 0, "tokens": 0, "seconds": 0.0}
 
     def compose(self) -> ComposeResult:
         yield Static(id="speed")
         yield Sparkline([], id="tps-spark")
         yield Static(id="rounds")
+        yield Static(id="session")
         yield Static(id="settings")
 
     def on_mount(self) -> None:
         self.show_round(None)
+        self.show_session()
         self.set_interval(REFRESH_S, self.flush)
 
     def add_round(self, event: dict) -> None:
         """One round event of the engine; shown at the next refresh."""
         self.history = (self.history + [event["stats"].get("tokens_per_second_now", 0.0)])[-SPARK_POINTS:]
-        self.latest, self.dirty = event, True
+        self.latest, self.dirty, self.live = event, True, True
+
+    def answer_done(self) -> None:
+        """The answer ended: "now" is no speed any more; its totals join the session's."""
+        s = (self.latest or {}).get("stats", {})
+        if self.live and s:
+            self.totals["answers"] += 1
+            self.totals["tokens"] += s.get("tokens", 0)
+            self.totals["seconds"] += s.get("seconds", 0.0)
+        self.live, self.dirty = False, False
+        self.show_round(self.latest)
+        self.show_session()
 
     def flush(self) -> None:
         if self.dirty:
@@ -57,23 +78,42 @@ class StatsPanel(Vertical):
         for _ in range(3):
             speed.add_column(justify="right", min_width=6)
         speed.add_row("", *(Text(h, style="dim") for h in ("now", "avg", "peak")))
-        speed.add_row("tok/s", *(f"{s[key]:.1f}" if key in s else "—" for key in
-                                 ("tokens_per_second_now", "tokens_per_second", "tokens_per_second_peak")))
+        keys = ("tokens_per_second_now" if self.live else "", "tokens_per_second", "tokens_per_second_peak")
+        speed.add_row("tok/s", *(f"{s[key]:.1f}" if key in s else "—" for key in keys))
         self.query_one("#speed", Static).update(speed, layout=layout)
         self.query_one("#tps-spark", Sparkline).data = list(self.history)
         peers = [ms for _, ms in r.get("peers", [])]
-        self.query_one("#rounds", Static).update(_grid([
-            ("tok/round", f"{s['tokens_per_round']:.2f} (last {r['committed']})" if r else "—"),
-            ("accepted", f"{pct(s.get('acceptance'))} ({s.get('accepted', 0)}/{s.get('drafted', 0)})" if s else "—"),
-            ("K", f"{r['k']}{' (tree)' if r.get('tree') else ''}" if r else "—"),
-            ("round", ms(r.get("round_ms"))),
+        rounds = s.get("rounds") or 0
+        title = Text("this answer" if self.live or not r else "the last answer", style="dim")
+        self.query_one("#rounds", Static).update(_stack(title, _grid([
+            # one round = one trip around the ring: the host sends drafts, every member computes, the host verifies
+            ("tokens/trip", f"{s['tokens_per_round']:.2f} avg, {r['committed']} last" if r else "—"),
+            ("accepted", f"{pct(s.get('acceptance'))} ({s.get('accepted', 0)}/{s.get('drafted', 0)} drafts)"
+             if s else "—"),
+            ("K", f"{s.get('drafted', 0) / rounds:.1f} drafts/trip avg, {r['k']} last{' (tree)' if r.get('tree') else ''}"
+             if r and rounds else "—"),
+            ("last trip", ms(r.get("round_ms"))),
             ("  draft", ms(r.get("draft_ms"))),
             ("  host", ms(r.get("host_ms"))),
             ("  network", ms(r.get("network_ms"))),
             ("  peers", ms(sum(peers)) if r else "—"),
             ("  verify", ms(r.get("verify_ms"))),
-        ]), layout=layout)
+        ])), layout=layout)
+
+    def show_session(self) -> None:
+        t = self.totals
+        self.query_one("#session", Static).update(_grid([
+            ("since start", f"{t['answers']} answers, {t['tokens']} tokens"
+                          + (f", {t['tokens'] / t['seconds']:.1f} tok/s" if t["seconds"] else ""))]))
 
     def show_settings(self, temperature: float, k: int | None, drafter: str) -> None:
         self.query_one("#settings", Static).update(_grid([
-            ("temp", f"{temperature:g}"), ("K", "auto" if k is None else f"{k} (pinned)"), ("draft", drafter)]))
+            ("temp", f"{temperature:g}"), ("K setting", "auto (adapts)" if k is None else f"{k} (pinned)"),
+            ("draft", drafter)]))
+
+
+def _stack(*parts) -> Table:
+    t = Table.grid()
+    for p in parts:
+        t.add_row(p)
+    return t

@@ -1,0 +1,40 @@
+"""`sfchat join`'s life: join, serve until the host closes the ring, then exit (0) or, with --stay, wait to
+join again when the host is back."""
+from __future__ import annotations
+
+import trio
+
+from peers import links
+from peers.channel import ChannelClosed
+from peers.peer import Peer
+
+
+async def join_ring(args, say, on_change=None) -> str:
+    """Serve the ring; returns why it ended (a normal end). Errors before joining (refused, wrong token) raise."""
+    while True:
+        peer = Peer(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
+                    device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb, name=args.name,
+                    on_change=on_change, relay=getattr(args, "relay", None), tls_pin=getattr(args, "tls", None))
+        try:
+            await peer.run()
+            gone = "the host closed the ring"
+        except (ChannelClosed, OSError) as e:
+            if not (getattr(args, "stay", False) and peer.st.state != "connecting"):
+                raise
+            gone = f"lost the host ({e})"
+        if not getattr(args, "stay", False):
+            return gone
+        say(f"{gone}; waiting for it to come back (--stay; Ctrl+C ends)")
+        await wait_for(args.address)
+
+
+async def wait_for(address: str, every_s: float = 2.0) -> None:
+    """Until something accepts connections at the host's address again."""
+    while True:
+        await trio.sleep(every_s)
+        try:
+            stream = await links.dial(address)
+        except OSError:
+            continue
+        await stream.aclose()
+        return

@@ -1,0 +1,155 @@
+"""The command line as a user meets it: help, one-line refusals, exit codes, what lands on stdout and stderr."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ROOT, sfchat
+from sfchat import __version__
+from sfchat.cli import parser
+
+
+def subcommands():
+    sub = next(a for a in parser()._actions if a.dest == "cmd")
+    return sub.choices
+
+
+def test_every_option_says_what_it_does_and_its_default():
+    for name, p in subcommands().items():
+        assert p.description, name
+        for a in p._actions:
+            if not a.option_strings or a.dest == "help":
+                continue
+            text = p.formatter_class("x")._get_help_string(a)
+            assert text, f"sfchat {name} {a.option_strings[0]} has no help"
+            if a.default not in (None, False) and not a.required:
+                assert "default" in text or "(" in text, f"sfchat {name} {a.option_strings[0]}: no default shown"
+    help_text = " ".join(subcommands()["ask"].format_help().split())
+    for words in ("--max-new-tokens N the longest answer, in tokens (default: 256)", "(default: float32)",
+                  "--top-k TOP_K sample among", "--seed SEED seed of the sampling (default: random)"):
+        assert words in help_text
+    join = " ".join(subcommands()["join"].format_help().split())
+    assert "the join token from the invite" in join and "(default: peer)" in join
+
+
+def test_version_and_bad_numbers_are_one_line():
+    assert sfchat("--version").stdout.strip() == f"sfchat {__version__}"
+    for args, says in ((["ask", "hi", "--local-peers", "-1"], "argument --local-peers: must be 0 or more, got -1"),
+                       (["ask", "hi", "--max-new-tokens", "0"], "argument --max-new-tokens: must be 1 or more, got 0"),
+                       (["host", "--temperature", "hot"], "argument --temperature: 'hot' is not a number"),
+                       (["join", "127.0.0.1:1"], "no join token")):
+        p = sfchat(*args, check=False, timeout=60)
+        assert p.returncode != 0 and says in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_busy_port_is_named_with_another_to_try(tiny_llama):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = sfchat("host", "--headless", "--model", str(tiny_llama), "--listen", f"127.0.0.1:{port}", check=False)
+    assert p.returncode == 1
+    assert p.stderr.strip() == (f"sfchat host: cannot listen on 127.0.0.1:{port}: the address is in use (another "
+                                f"sfchat?); pick another port, e.g. --listen 127.0.0.1:{port + 1}")
+
+
+def test_a_prompt_past_the_context_is_refused_up_front(tiny_llama):
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)  # past the tiny model's 512 positions
+    t0 = time.monotonic()
+    p = sfchat("ask", long, "--model", str(tiny_llama), check=False)
+    assert p.returncode == 1 and p.stdout == ""
+    line = p.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("sfchat ask: the prompt is ")
+    assert "tokens but the model's context holds 512" in line and "shorten it" in line
+    print(f"refused in {time.monotonic() - t0:.1f} s: {line}")
+
+
+def test_ask_with_local_peers_ends_quietly_and_marks_a_cut_answer(tiny_llama):
+    p = sfchat("ask", "hello world", "--model", str(tiny_llama), "--local-peers", "2", "--max-new-tokens", "5",
+               "--draft", "none")
+    assert "WARNING" not in p.stderr and "lost" not in p.stderr, p.stderr  # the members leave because we end
+    assert "the length limit, 5 tokens; raise it with --max-new-tokens" in p.stderr
+
+
+def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):
+    import trio
+
+    from helpers import running_ring
+
+    async def main():
+        async with running_ring(tiny_llama, 1) as (host, lp):
+            argv = open(f"/proc/{lp.procs[0].pid}/cmdline", "rb").read().decode()
+            assert host.token not in argv and "--token" not in argv
+            assert len(host.ring) == 1  # it joined all the same
+
+    trio.run(main)
+
+
+def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "sfchat", "host", "--headless", "--model", str(tiny_llama),
+                        "--local-peers", "1", "--listen", "127.0.0.1:0", "--max-new-tokens", "6", "--draft", "none",
+                        "--temperature", "0"],
+                       input=f"/help\n/k abc\n/k 2\n/draft {tmp_path}\nhello world\n/save {tmp_path / 'c.md'}\n/quit\n",
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr
+    answer = p.stdout
+    assert answer.strip() and answer.endswith("\n")  # the one answer, nothing else on stdout
+    assert not any(word in answer for word in ("member", "/k", "K 2", "saved", "sfchat", "INFO", "draft"))
+    err = p.stderr
+    assert "+ member 1 (local-a) joined from 127.0.0.1:" in err  # joins are lines of their own
+    assert "/k N|auto" in err and "/chats" not in err  # the same commands as the chat screen, minus its own
+    assert "/k: K must be auto or a whole number 0..32, got 'abc'" in err and "K 2; saved in" in err
+    assert f"/draft: cannot use {tmp_path}:" in err  # a draft that does not load is not saved
+    assert "length limit" in err and "lost" not in err and "WARNING" not in err
+    assert "**user:**\n\nhello world\n" in (tmp_path / "c.md").read_text()
+
+
+@pytest.mark.parametrize("stay", [False, True])
+def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay):
+    """Exit 0 and say so; with --stay it waits, joins the host's next start, and waits again."""
+    import trio
+
+    from peers.host import Host
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+
+    async def main():
+        for attempt in range(2 if stay else 1):
+            host = Host(str(tiny_llama), say=lambda *a: None, listen=f"127.0.0.1:{port}", token="tok-from-env")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(host.serve)
+                if not procs:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--model", str(tiny_llama),
+                         "--headless", "--listen", "127.0.0.1:0", *(["--stay"] if stay else [])],
+                        stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                        env=dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_TOKEN="tok-from-env")))
+                await host.wait_members(1, timeout=120)
+                await host.close()
+                nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+        joiner = procs[0]
+        if stay:
+            time.sleep(1)
+            assert joiner.poll() is None  # still waiting for the host to come back
+            joiner.terminate()
+        err = joiner.communicate(timeout=60)[1]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    if stay:
+        assert err.count("the host closed the ring; waiting for it to come back") == 2, err
+    else:
+        assert joiner.returncode == 0 and err.strip().endswith("sfchat join: the host closed the ring"), err
