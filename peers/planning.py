@@ -20,7 +20,8 @@ from .fingerprint import span_fingerprint
 from .membership import Member, Roster
 from .memory import free_bytes
 from .plan import split_layers
-from .shard import DTYPES, Shard
+from .shard import Shard
+from .tensors import DTYPES
 from .tls import Endpoint as TLSEndpoint
 
 log = logging.getLogger("sfchat.host")

@@ -18,9 +18,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from . import tree
 from .models import ModelError
 from .plan import Span
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
+from .tensors import DTYPES
 
 @dataclass
 class SessionCache:

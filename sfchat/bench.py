@@ -146,8 +146,9 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
 
     from peers.chat import render
     from peers import models
+    from peers.tensors import DTYPES
 
-    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    dt = DTYPES[args.dtype]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).eval()
     assistant, extra = None, {}
     if "transformers-assisted" in modes:
@@ -206,7 +207,7 @@ async def shaped_relay(delay_ms: float):
     if delay_ms <= 0:
         yield None
         return
-    from .local import _die_with_parent
+    from .local import _die_with_parent, stop
 
     proc = subprocess.Popen([sys.executable, "-m", "sfchat", "relay", "--listen", "127.0.0.1:0", "--delay-ms",
                              f"{delay_ms:.4f}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -218,12 +219,7 @@ async def shaped_relay(delay_ms: float):
             raise RuntimeError(f"the relay did not start: {line!r}")
         yield line.split()[3]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop([proc])
 
 
 async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], advance) -> list[Row]:
