@@ -10,7 +10,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from .adaptive import KPolicy
 from .context import ContextError, context_limit, fit
-from .drafters import Drafter, common_prefix
+from .drafting import Drafter, common_prefix
 from .generate import Result, generate
 from .host import Host
 from .sampling import SamplingParams
@@ -71,7 +71,8 @@ class Chat:
         self.messages.append({"role": "user", "content": user_text})
         try:
             prompt, self.dropped, max_new_tokens = fit(partial(render, self.tokenizer), self.messages,
-                                                       context_limit(self.host.config), max_new_tokens)
+                                                       min(context_limit(self.host.config), self.host.max_context),
+                                                       max_new_tokens)
         except ContextError:
             self.messages.pop()  # refused: the conversation stays as it was
             raise

@@ -20,7 +20,7 @@ import torch
 import trio
 
 from .adaptive import KPolicy
-from .drafters import Drafter
+from .drafting import Drafter
 from .host import Host, RingError, RingSession
 from .sampling import SamplingParams, verify_sampling
 from .stats import RoundStats, RunningStats

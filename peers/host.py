@@ -13,16 +13,18 @@ import time
 import torch
 import trio
 
-from . import links, models, tensors, validate, wire
+from . import checkpoint, device, links, models, tensors, validate, wire
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr, peername
-from .errors import RingError
+from .errors import FitError, RingError
 from .fingerprint import config_fingerprint
-from .memory import default_device, rss_bytes
+from .memory import default_device, usage
 from .membership import Member, Roster
+from .plan import ModelSize, pass_chunks
 from .planning import Planner, Target
 from .ring_session import RingSession
 from .shard import load_config
+from .tensors import DTYPES
 from .threads import call_with_threads
 from .tls import Endpoint as TLSEndpoint
 
@@ -36,7 +38,7 @@ class Host:
                  device: str | None = None, dtype: str = "float32", quant: str = "none",
                  offer_gb: float | None = None, heartbeat_s: float = 1.0, dead_after_s: float = 4.0,
                  say=print, on_change=None, tls: bool = False,
-                 relay: str | None = None):
+                 relay: str | None = None, max_context: int | None = None):
         self.model_spec = model or models.DEFAULT_MODEL
         self.token = token or new_token()
         self.listen = listen
@@ -51,7 +53,9 @@ class Host:
         self.fingerprint = config_fingerprint(self.model_dir)
         self.roster = Roster(tls=self.tls.enabled, heartbeat_s=heartbeat_s, dead_after_s=dead_after_s,
                              on_change=lambda: self.on_change(), on_join=self._joined)
-        target = Target(self.model_spec, self.model_dir, self.config, self.fingerprint, dtype, quant, self.device)
+        size = ModelSize.of(checkpoint.read_config(self.model_dir), checkpoint.tensor_shapes(self.model_dir))
+        target = Target(self.model_spec, self.model_dir, self.config, self.fingerprint, dtype, quant, self.device,
+                        size, max_context or size.default_context())
         self.planner = Planner(target, self.roster, offer_gb=offer_gb, token=self.token, tls=self.tls,
                                on_change=lambda: self.on_change())
         self.port = 0
@@ -67,6 +71,7 @@ class Host:
     epoch = property(lambda self: self.planner.epoch)
     shard = property(lambda self: self.planner.shard)
     first_hop = property(lambda self: self.planner.first_hop)
+    max_context = property(lambda self: self.planner.target.max_context)  # what the plan made room for
 
     async def wait_members(self, n: int, timeout: float = 120) -> None:
         await self.roster.wait(n, timeout)
@@ -82,9 +87,10 @@ class Host:
             self.nursery.start_soon(self.planner.replan_logged, self.port)
 
     def members_info(self) -> list[dict]:
+        now, peak = usage(self.device)
         host = {"id": 0, "name": "host", "address": self.address, "device": self.device,
                 "layers": str(self.shard.span) if self.shard else "", "state": "ready", "rtt_ms": 0.0,
-                "memory_bytes": rss_bytes(), "free_bytes": int(self.planner.host_offer())}
+                "memory_bytes": now, "peak_memory_bytes": peak, "free_bytes": int(self.planner.host_offer())}
         return [host] + [m.info() for m in self.members]
 
     # --- serving -------------------------------------------------------------------------------------------
@@ -94,7 +100,10 @@ class Host:
             got = await nursery.start(links.serve, self._accept, self.listen, self.relay, links.host_endpoint())
             self.port, self.relay_address = got.port, got.relay_address
             self.nursery = nursery
-            await self.replan()  # the host alone, until members join
+            try:
+                await self.replan()  # the host alone, until members join
+            except FitError as e:  # members may yet join; a host that stays alone is told at its next plan
+                log.info("the host alone cannot hold the model: %s", e)
             nursery.start_soon(self.roster.heartbeat)
             task_status.started(self.port)
 
@@ -168,46 +177,81 @@ class Host:
             s.restart(self.epoch, self.shard.new_session())
         ids, n_logits = tokens[committed:] + drafts, len(drafts) + 1
         t0 = time.perf_counter()
-        x = torch.tensor([ids], dtype=torch.long)
-        h = await trio.to_thread.run_sync(call_with_threads, self.threads, self.shard.forward, s.cache, committed,
-                                           x, parents, limiter=self.compute)
-        host_ms = (time.perf_counter() - t0) * 1e3
-        trace: list = []
-        if self.ring:
-            seq = next(self.seq)
-            send, recv = trio.open_memory_channel(1)
-            self.waiting[(s.sid, seq)] = send
-            try:
-                await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
-                                           "committed": committed, "n_logits": n_logits,
-                                           "x": tensors.pack_tensor(h[:, :, :]), "trace": [],
-                                           **({"parents": parents} if parents is not None else {})})
-                if sent is not None:
-                    sent.set()  # the host's part is done: the round is on the wire
-                reply = await self._await_reply(recv, self.pass_timeout(len(ids)))
-            except (ChannelClosed, trio.TooSlowError) as e:
-                s.lost()
-                raise RingError(f"the ring did not answer: {e}") from None
-            finally:
-                del self.waiting[(s.sid, seq)]
-            if reply["t"] == "fail":
-                s.lost()
-                raise RingError(str(reply.get("error")))
-            try:
-                h = validate.forward_frame(reply, self.config.hidden_size)
-            except wire.WireError as e:
-                raise RingError(f"the last member returned a bad frame: {e}") from None
-            trace = reply["trace"]
+        # a long pass (a prompt, a replay) goes round in chunks that each fit a frame, the drafts in the last; each
+        # chunk's `committed` is what the chunks before it left in every stage (the rollback rule, chunk by chunk)
+        chunks = pass_chunks(len(ids), self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize,
+                             wire.MAX_FRAME, tail=n_logits)
+        outs, host_ms, trace = [], 0.0, {}
+        for a, b in chunks:
+            last = b == len(ids)
+            h, ms, chunk_trace = await self._chunk(s, committed + a, ids[a:b], parents if last else None,
+                                                   n_logits if last else 1, sent if last else None)
+            outs.append(h)
+            host_ms += ms
+            for name, peer_ms in chunk_trace:
+                trace[name] = trace.get(name, 0.0) + peer_ms
+            s.passed(committed, b)
+        h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         t1 = time.perf_counter()
-        feats, logits = await trio.to_thread.run_sync(call_with_threads, self.threads, self.shard.finish, h[0],
-                                                      n_logits, limiter=self.compute)
+        feats, logits = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish, h[0], n_logits,
+                                                      limiter=self.compute)
         s.features = (committed, ids, feats)  # what a feature draft reads next
         head_ms = (time.perf_counter() - t1) * 1e3
-        s.passed(committed, len(ids))
         total_ms = (time.perf_counter() - t0) * 1e3
-        peers_ms = sum(ms for _, ms in trace)
-        return logits, {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms,
-                           "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
+        peers_ms = sum(trace.values())
+        return logits, {"host_ms": host_ms + head_ms, "peers": [[n, ms] for n, ms in trace.items()],
+                        "peers_ms": peers_ms, "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0),
+                        "pass_ms": total_ms}
+
+    async def _chunk(self, s: RingSession, committed: int, ids: list[int], parents: list[int] | None,
+                     n_logits: int, sent: trio.Event | None) -> tuple[torch.Tensor, float, list]:
+        """Positions committed.. of one pass through the host's layers and round the ring: the last hidden states,
+        the host's milliseconds, and each member's."""
+        t0 = time.perf_counter()
+        x = torch.tensor([ids], dtype=torch.long)
+        h, packed = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage, s.cache,
+                                                  committed, x, parents, bool(self.ring), limiter=self.compute)
+        host_ms = (time.perf_counter() - t0) * 1e3
+        if not self.ring:
+            return h, host_ms, []
+        seq = next(self.seq)
+        send, recv = trio.open_memory_channel(1)
+        self.waiting[(s.sid, seq)] = send
+        try:
+            await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
+                                       "committed": committed, "n_logits": n_logits, "x": packed, "trace": [],
+                                       **({"parents": parents} if parents is not None else {})})
+            if sent is not None:
+                sent.set()  # the host's part is done: the round is on the wire
+            reply = await self._await_reply(recv, self.pass_timeout(len(ids)))
+        except (ChannelClosed, trio.TooSlowError) as e:
+            s.lost()
+            raise RingError(f"the ring did not answer: {e}") from None
+        finally:
+            del self.waiting[(s.sid, seq)]
+        if reply["t"] == "fail":
+            s.lost()
+            if reply.get("oom"):
+                self.roster.out_of_memory(reply.get("member"), str(reply.get("error")))
+            raise RingError(str(reply.get("error")))
+        try:
+            h = validate.forward_frame(reply, self.config.hidden_size)
+        except wire.WireError as e:
+            raise RingError(f"the last member returned a bad frame: {e}") from None
+        return h, host_ms, reply["trace"]
+
+    def _first_stage(self, cache, committed: int, x: torch.Tensor, parents, pack: bool):
+        """(worker thread) The host's layers, finished on the device before they are timed, and the frame's copy
+        of them made here rather than on trio's thread."""
+        h = self.shard.forward(cache, committed, x, parents)
+        device.finish(self.device)
+        return h, (tensors.pack_tensor(h) if pack else None)
+
+    def _finish(self, h: torch.Tensor, n_logits: int):
+        """(worker thread) Features and logits, finished on the device before the pass's time is taken."""
+        feats, logits = self.shard.finish(h, n_logits)
+        device.finish(self.device)
+        return feats, logits
 
     async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:
         """The pass's result, or RingError as soon as a ring member is declared lost."""

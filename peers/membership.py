@@ -31,22 +31,31 @@ class Member:
     device: str
     free_bytes: int
     dtype: str
+    quant: str = "none"
     state: str = "joining"  # joining, loading, ready, idle (no layers), failed, lost
     span: Span | None = None
     epoch: int = -1  # the plan it was last given: its "ready" counts for that plan only
     rtt_ms: float = math.nan
-    rss: int = 0
+    rss: int = 0  # memory in use (resident set on a CPU, allocated tensors on a GPU), as last reported
+    peak: int = 0  # the most it has used
     tls_fingerprint: str = ""
-    rss_before: int = 0  # before it loaded anything: rss - rss_before is what its span costs
+    rss_before: int = 0  # before it loaded its span: rss - rss_before is what the span costs
     last_seen: float = field(default_factory=time.monotonic)
     ready: trio.Event = field(default_factory=trio.Event)
     error: str = ""
+    oom: bool = False  # it failed by running out of memory (error says how)
 
     def info(self) -> dict:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
                 "layers": str(self.span) if self.span else "", "state": self.state,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
-                "memory_bytes": self.rss, "free_bytes": self.free_bytes}
+                "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes}
+
+    def reported(self, msg: dict) -> None:
+        """Take the memory figures a pong or ready carries."""
+        self.rss = int(msg.get("memory_bytes") or self.rss)
+        self.peak = int(msg.get("peak_memory_bytes") or self.peak)
+        self.rss_before = int(msg.get("base_bytes") or self.rss_before)
 
     def assign(self, span: Span, epoch: int) -> None:
         """Planned in: loading its span for `epoch` (idle if it holds no layers), ready once it says so."""
@@ -84,7 +93,7 @@ class Roster:
         addr = offer.get("advertise") or f"{ip}:{port}"
         m = Member(next(self.ids), str(hello.get("name", "peer"))[:40], ch, addr,
                    str(offer.get("device", "?"))[:20], validate.need(offer, "free_bytes", int, 0),
-                   str(offer.get("dtype", "float32")))
+                   str(offer.get("dtype", "float32")), str(offer.get("quant", "none")))
         m.rss_before = int(offer.get("rss_bytes") or 0)
         m.tls_fingerprint = str(offer.get("tls_fingerprint") or "")
         if self.tls and not m.tls_fingerprint:
@@ -132,6 +141,15 @@ class Roster:
                     await self.lose(m, "its control link broke")
             await trio.sleep(self.heartbeat_s)
 
+    def out_of_memory(self, member_id: object, error: str) -> None:
+        """A member ran out of memory in a pass (its failure came round the ring): planned out from now on."""
+        for m in self.members:
+            if m.id == member_id and m.state not in ("lost", "failed"):
+                m.state, m.error, m.oom = "failed", error, True
+                m.ready.set()
+                log.error("%s", error)
+                self.on_change()
+
     async def lose(self, m: Member, why: str) -> None:
         if m.state == "lost":
             return
@@ -154,15 +172,17 @@ class Roster:
 def _pong(m: Member, msg: dict) -> None:
     if isinstance(msg.get("n"), float):  # our own perf_counter from the ping
         m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
+        m.reported(msg)
 
 
 def _ready(m: Member, msg: dict) -> None:
     if msg.get("epoch") == m.epoch:  # not a late answer to an older plan
-        m.state, m.rss = "ready", int(msg.get("rss_bytes") or 0)
+        m.state = "ready"
+        m.reported(msg)
         m.ready.set()
 
 
 def _fail(m: Member, msg: dict) -> None:
-    m.state, m.error = "failed", str(msg.get("error"))
+    m.state, m.error, m.oom = "failed", str(msg.get("error")), bool(msg.get("oom"))
     log.error("member %d cannot serve: %s", m.id, m.error)
     m.ready.set()

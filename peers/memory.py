@@ -1,15 +1,20 @@
 """What a process can offer and what it uses: free device memory and resident set size."""
 from __future__ import annotations
 
+import ctypes
 import os
+import resource
 
 import torch
 
+from .plan import CUDA_MARGIN, size
+
 
 def free_bytes(device: str) -> int:
+    """What this process can offer the ring: free VRAM less a margin for the CUDA context, or available RAM."""
     if device.startswith("cuda") and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return free
+        return max(free - CUDA_MARGIN, 0)
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
@@ -23,5 +28,48 @@ def rss_bytes(pid: int | None = None) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def usage(device: str) -> tuple[int, int]:
+    """(now, peak) bytes this member uses: the device's allocated tensors on CUDA, the resident set on the CPU."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        d = torch.device(device)
+        return torch.cuda.memory_allocated(d), torch.cuda.max_memory_allocated(d)
+    return rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # (Linux: in KiB)
+
+
+def release_freed() -> None:
+    """Hand memory freed on the heap back to the OS. glibc keeps it otherwise, and a loader that frees a
+    full-precision tensor for each one it quantizes would grow by the fragments."""
+    try:
+        _libc().malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _libc():
+    return ctypes.CDLL("libc.so.6")
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def is_oom(e: BaseException) -> bool:
+    """An allocator that could not allocate: CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+
+
+def oom_line(who: str, device: str, doing: str) -> str:
+    """One line for the host and the user: who ran out, doing what, with its numbers."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()  # what the failed step held goes back before free memory is read
+    now, peak = usage(device)
+    return (f"{who} ran out of memory on {device} {doing} ({size(now)} in use, peak {size(peak)}, "
+            f"{size(free_bytes(device))} free)")
+
+
+def injected_failure(who: str, stage: str, device: str) -> None:
+    """Tests only: SFCHAT_TEST_OOM=NAME:STAGE (load or pass) has member NAME ask its device's allocator for a
+    pebibyte at that stage, so a real allocation failure travels the real path."""
+    if os.environ.get("SFCHAT_TEST_OOM") == f"{who}:{stage}":
+        torch.empty(1 << 50, dtype=torch.uint8, device=device)

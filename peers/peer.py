@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import trio
 
-from . import links, models, tensors, validate, wire
+from . import device, links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
 from .control import ControlLink
-from .memory import default_device, free_bytes, rss_bytes
+from .memory import default_device, free_bytes, injected_failure, is_oom, oom_line, rss_bytes, usage
 from .plan import Span
 from .shard import Shard
 from .tls import Endpoint as TLSEndpoint
@@ -35,6 +35,7 @@ class PeerState:
     span: Span | None = None
     device: str = "cpu"
     rss: int = 0
+    peak: int = 0
     sessions: int = 0
     frames: int = 0
     compute_ms: list[float] = field(default_factory=list)
@@ -63,6 +64,8 @@ class Peer:
         self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
         self.assign_lock = trio.Lock()
         self.st = PeerState(device=self.device, host=host_addr)
+        self.base_bytes = 0  # what it used just before it loaded its span
+        self.member_id = 0  # the host's number for it (in each assignment)
         self.on_change = on_change or (lambda st: None)
 
     def _changed(self, **kw) -> None:
@@ -92,7 +95,7 @@ class Peer:
 
     async def _control(self, ctl: Channel, nursery) -> None:
         async def ping(msg: dict) -> None:
-            await ctl.send({"t": "pong", "n": msg.get("n")})
+            await ctl.send({"t": "pong", "n": msg.get("n"), **self._memory()})
 
         async def assign(msg: dict) -> None:  # loading takes a while: keep answering pings meanwhile
             nursery.start_soon(self._take_assignment, ctl, msg)
@@ -111,17 +114,38 @@ class Peer:
         async with self.assign_lock:
             try:
                 await self._assign(msg)
-                await ctl.send({"t": "ready", "epoch": self.epoch, "rss_bytes": rss_bytes()})
-            except (models.ModelError, wire.WireError, AuthError, OSError, ChannelClosed, ValueError) as e:
-                log.error("cannot take the assignment: %s", e)
-                self._changed(state="failed", error=str(e))
+                await ctl.send({"t": "ready", "epoch": self.epoch, **self._memory()})
+            except Exception as e:
+                oom = is_oom(e)
+                if not oom and not isinstance(e, (models.ModelError, wire.WireError, AuthError, OSError,
+                                                  ChannelClosed, ValueError)):
+                    raise
+                if oom:
+                    self.shard = None  # what was loaded goes back before the numbers are read
+                    error = oom_line(f"member {self.member_id} ({self.name})", self.device,
+                                     f"loading layers {msg.get('start')}-{int(msg.get('end', 0)) - 1}")
+                else:
+                    error = str(e)
+                log.error("cannot take the assignment: %s", error)
+                self._changed(state="failed", error=error)
                 try:
-                    await ctl.send({"t": "fail", "epoch": msg.get("epoch"), "error": str(e)})
+                    await ctl.send({"t": "fail", "epoch": msg.get("epoch"), "error": error, "oom": oom})
                 except ChannelClosed:
                     pass
 
+    def _load(self, model_dir, span: Span) -> Shard:
+        injected_failure(self.name, "load", self.device)
+        return Shard(model_dir, span, embed=False, head=False, dtype=self.dtype, quant=self.quant,
+                     device=self.device)
+
+    def _memory(self) -> dict:
+        now, peak = usage(self.device)
+        self._changed(rss=now, peak=peak)
+        return {"memory_bytes": now, "peak_memory_bytes": peak, "base_bytes": self.base_bytes}
+
     async def _assign(self, msg: dict) -> None:
         epoch = validate.need(msg, "epoch", int, 0)
+        self.member_id = int(msg.get("member") or 0)
         span = Span(validate.need(msg, "start", int, 0), validate.need(msg, "end", int, 0),
                     validate.need(msg, "n_layers", int, 1))
         spec = self.model_spec or validate.need(msg, "model", str)
@@ -138,10 +162,9 @@ class Peer:
                                     f"differ ({mine[:12]} here, {str(theirs)[:12]} at the host); pass the same --model")
         if self.shard is None or self.shard.span != span or self.shard_dir != model_dir:
             self.shard = None  # free the old span before loading the new one
+            self.base_bytes = usage(self.device)[0]
             t0 = time.monotonic()
-            self.shard = await trio.to_thread.run_sync(
-                lambda: Shard(model_dir, span, embed=False, head=False, dtype=self.dtype,
-                              quant=self.quant, device=self.device))
+            self.shard = await trio.to_thread.run_sync(self._load, model_dir, span)
             self.shard_dir = model_dir
             log.info("loaded layers %s in %.2f s", span, time.monotonic() - t0)
         self.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
@@ -154,7 +177,7 @@ class Peer:
         self.next = Channel(stream, f"next {nxt}")
         await client_handshake(self.next, self.token, "data")
         self.epoch = epoch
-        self._changed(state="ready", next_hop=nxt, rss=rss_bytes(), sessions=0)
+        self._changed(state="ready", next_hop=nxt, sessions=0)
 
     async def _serve_data(self, stream: trio.SocketStream) -> None:
         try:
@@ -195,25 +218,38 @@ class Peer:
         s = self.sessions.get(sid)
         if s is None:
             s = self.sessions[sid] = shard.new_session()
-        t0 = time.perf_counter()
         try:
-            h = await trio.to_thread.run_sync(shard.forward, s, msg["committed"], x, msg.get("parents"),
-                                              limiter=self.compute)
+            msg["x"], ms = await trio.to_thread.run_sync(self._compute, shard, s, msg["committed"], x,
+                                                         msg.get("parents"), limiter=self.compute)
         except ValueError as e:  # e.g. committed beyond what we hold: the host will replay
             self.sessions.pop(sid, None)
             return await self._fail(msg, f"{self.name}: {e}")
-        ms = (time.perf_counter() - t0) * 1e3
-        msg["x"] = tensors.pack_tensor(h)
+        except RuntimeError as e:  # out of memory (torch.OutOfMemoryError is one): named, and the host re-plans
+            if not is_oom(e):
+                raise
+            self.sessions.pop(sid, None)
+            return await self._fail(msg, oom_line(f"member {self.member_id} ({self.name})", self.device,
+                                                  f"in a pass of {x.shape[1]} positions"), oom=True)
         msg["trace"].append([self.name, round(ms, 3)])
         await self._send_next(msg)
         self._gc_sessions()
         self._changed(frames=self.st.frames + 1, sessions=len(self.sessions),
                       compute_ms=(self.st.compute_ms + [ms])[-120:])
 
-    async def _fail(self, msg: dict, error: str) -> None:
+    def _compute(self, shard: Shard, s, committed: int, x, parents) -> tuple[dict, float]:
+        """(worker thread) This span's layers, finished on the device before they are timed, and packed for the
+        wire here: the copy to the CPU waits for the device, and trio's thread must not."""
+        t0 = time.perf_counter()
+        injected_failure(self.name, "pass", self.device)
+        h = shard.forward(s, committed, x, parents)
+        device.finish(shard.device)
+        ms = (time.perf_counter() - t0) * 1e3
+        return tensors.pack_tensor(h), ms
+
+    async def _fail(self, msg: dict, error: str, oom: bool = False) -> None:
         log.warning("%s", error)
         await self._send_next({"t": "fail", "epoch": msg.get("epoch"), "sid": msg.get("sid"), "seq": msg.get("seq"),
-                               "error": error})
+                               "error": error, **({"oom": True, "member": self.member_id} if oom else {})})
 
     async def _send_next(self, msg: dict) -> None:
         if self.next is None:

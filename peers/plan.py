@@ -1,7 +1,24 @@
-"""Split a model's decoder layers over the ring's members in proportion to the memory each offers."""
+"""The plan in bytes: how many decoder layers each member can hold, and which layers it gets. Free of torch.
+
+A member holding layers needs, per layer, the layer's weights (in its dtype, or quantized) and its KV cache for the
+longest context; once, the working memory of the largest pass. The host also holds the embedding, the final norm,
+the LM head and the drafter. A member's capacity is what it offers less that, divided by one layer's bytes; the
+layers are split in proportion to capacities, so no member gets more than it can hold.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .errors import FitError
+
+GB = 1e9
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# bytes a quantized matrix keeps per weight: int8 one byte (its float32 scale per row is counted by rows);
+# nf4 half a byte, a one-byte absmax per 64-weight block and a float32 per 256 blocks (double quantization)
+QUANT_BYTES = {"int8": 1.0, "nf4": 0.5 + 1 / 64 + 4 / (64 * 256)}
+CUDA_MARGIN = 1 << 30  # what the CUDA context, cuBLAS workspaces and allocator slack take beyond the tensors
+MAX_CONTEXT = 8192  # the default --max-context: the model's own limit, capped here
+MAX_PASS_POSITIONS = 1024  # a longer pass (prefill, replay) is cut into chunks of at most this many positions
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +41,157 @@ class Span:
         return f"{self.start}-{self.end - 1}" if self.size else "none"
 
 
+@dataclass(frozen=True, slots=True)
+class ModelSize:
+    """The counts a plan needs; per-layer figures are the largest layer's."""
+
+    n_layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    max_context: int  # the model's own limit
+    layer_matrix: int  # weights in one layer's matrices (what quantization shrinks)
+    layer_rows: int  # rows of those matrices (int8 keeps a float32 scale per row)
+    layer_other: int  # weights in one layer's vectors (norms, biases): kept in the dtype
+    host_weights: int  # embedding, final norm and an untied LM head
+
+    @classmethod
+    def of(cls, config: dict, shapes: dict[str, list[int]]) -> "ModelSize":
+        """From config.json and the checkpoint's tensor shapes (peers/checkpoint.py)."""
+        c = config.get("text_config", config)
+        n, hidden, heads = c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"]
+        per_layer = [[0, 0, 0] for _ in range(n)]
+        host = 0
+        for name, shape in shapes.items():
+            count = _product(shape)
+            parts = name.split(".")
+            if "layers" in parts and parts[parts.index("layers") + 1].isdigit():
+                i = int(parts[parts.index("layers") + 1])
+                if i < n:
+                    if len(shape) == 2:
+                        per_layer[i][0] += count
+                        per_layer[i][1] += shape[0]
+                    else:
+                        per_layer[i][2] += count
+            else:
+                host += count
+        matrix, rows, other = (max(p[j] for p in per_layer) for j in range(3))
+        return cls(n, hidden, c.get("intermediate_size") or 4 * hidden, heads,
+                   c.get("num_key_value_heads") or heads, c.get("head_dim") or hidden // heads,
+                   c.get("max_position_embeddings") or MAX_CONTEXT, matrix, rows, other, host)
+
+    def default_context(self) -> int:
+        return min(self.max_context, MAX_CONTEXT)
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One member as the plan sees it: the host first, then the members in ring order."""
+
+    name: str
+    free: int  # bytes it offers
+    dtype: str = "float32"
+    quant: str = "none"
+
+
+def weight_bytes(m: ModelSize, dtype: str, quant: str) -> int:
+    """One layer's weights."""
+    d = DTYPE_BYTES[dtype]
+    if quant == "none":
+        return (m.layer_matrix + m.layer_other) * d
+    scales = 4 * m.layer_rows if quant == "int8" else 0
+    return int(m.layer_matrix * QUANT_BYTES[quant]) + scales + m.layer_other * d
+
+
+def kv_bytes(m: ModelSize, dtype: str, context: int) -> int:
+    """One layer's KV cache: a key and a value of kv_heads x head_dim at every position (in the compute dtype)."""
+    return 2 * m.kv_heads * m.head_dim * context * DTYPE_BYTES[dtype]
+
+
+def pass_bytes(m: ModelSize, dtype: str, context: int) -> int:
+    """The working set of the largest pass through one layer: hidden states in and out, q/k/v/o, the MLP's three
+    intermediates, and the attention scores of every head (positions x context) where a kernel materialises them."""
+    t = min(MAX_PASS_POSITIONS, context)
+    return t * (4 * m.hidden + 3 * m.intermediate + m.heads * context) * DTYPE_BYTES[dtype]
+
+
+def layer_bytes(m: ModelSize, o: Offer, context: int) -> int:
+    return weight_bytes(m, o.dtype, o.quant) + kv_bytes(m, o.dtype, context)
+
+
+def host_bytes(m: ModelSize, dtype: str, drafter: int = 0) -> int:
+    return m.host_weights * DTYPE_BYTES[dtype] + drafter
+
+
+def capacities(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0) -> list[int]:
+    """How many layers each member can hold (the host's fixed part and one pass's working set come off first)."""
+    caps = []
+    for i, o in enumerate(offers):
+        fixed = pass_bytes(m, o.dtype, context) + (host_bytes(m, o.dtype, drafter) if i == 0 else 0)
+        caps.append(max(o.free - fixed, 0) // layer_bytes(m, o, context))
+    return caps
+
+
+def ring_bytes(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0) -> int:
+    """What the whole model needs in a ring of these members: every layer at the host's dtype and quantization,
+    the host's fixed part, one pass's working set on each member."""
+    h = offers[0]
+    return (m.n_layers * layer_bytes(m, h, context) + host_bytes(m, h.dtype, drafter)
+            + len(offers) * pass_bytes(m, h.dtype, context))
+
+
+def plan(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0) -> list[Span]:
+    """Contiguous spans, host first, each within what its member can hold; FitError if the ring cannot."""
+    host = offers[0]
+    fixed = host_bytes(m, host.dtype, drafter) + pass_bytes(m, host.dtype, context)
+    if host.free < fixed:
+        raise FitError(f"the host needs {size(fixed)} for the embedding, head, drafter and a pass in {host.dtype}; "
+                       f"it offers {size(host.free)}")
+    caps = capacities(m, offers, context, drafter)
+    if sum(caps) < m.n_layers:
+        raise FitError(_too_small(m, offers, context, drafter, sum(caps)))
+    return split_layers(m.n_layers, [float(c) for c in caps])
+
+
+def _too_small(m: ModelSize, offers: list[Offer], context: int, drafter: int, room: int) -> str:
+    h = offers[0]
+    kind = h.dtype + (f" {h.quant}" if h.quant != "none" else "")
+    need = ring_bytes(m, offers, context, drafter)
+    offered = sum(o.free for o in offers)
+    helps = ["add a member"]
+
+    def needs(**change) -> str:
+        other = [Offer(o.name, o.free, change.get("dtype", o.dtype), change.get("quant", o.quant)) for o in offers]
+        return size(ring_bytes(m, other, change.get("context", context), drafter))
+
+    if h.quant != "nf4":
+        helps.append(f"--quant nf4 (needs {needs(quant='nf4')})")
+    if h.dtype == "float32":
+        helps.append(f"--dtype bfloat16 (needs {needs(dtype='bfloat16')})")
+    if context > 2048:
+        helps.append(f"--max-context 2048 (needs {needs(context=2048)})")
+    return (f"needs {size(need)} for {m.n_layers} layers in {kind} at {context} positions of context; "
+            f"members offer {size(offered)} (room for {room} layers): " + ", or ".join(helps))
+
+
+def size(n: float) -> str:
+    """Bytes for people: GB with one decimal, or MB below a tenth of a GB."""
+    return f"{n / GB:.1f} GB" if n >= GB / 10 else f"{n / 1e6:.1f} MB"
+
+
+def pass_chunks(n_positions: int, hidden: int, wire_bytes: int, max_frame: int, tail: int = 1) -> list[tuple[int, int]]:
+    """Cut a pass of n positions into [start, end) chunks whose hidden states ([positions, hidden] at wire_bytes
+    each) fill at most a quarter of a frame; the last chunk keeps at least `tail` positions (the drafts and the
+    position before them, which must travel together)."""
+    size = max(1, min(MAX_PASS_POSITIONS, max_frame // 4 // (hidden * wire_bytes)))
+    if n_positions <= size:
+        return [(0, n_positions)]
+    cuts = [c for c in range(0, n_positions, size) if c == 0 or c <= n_positions - tail]
+    return list(zip(cuts, cuts[1:] + [n_positions]))
+
+
 def split_layers(n_layers: int, offers: list[float]) -> list[Span]:
     """Contiguous spans, member i getting about n_layers * offer_i / sum(offers) layers (largest remainder).
 
@@ -44,3 +212,10 @@ def split_layers(n_layers: int, offers: list[float]) -> list[Span]:
         spans.append(Span(start, start + c, n_layers))
         start += c
     return spans
+
+
+def _product(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -15,11 +15,11 @@ import trio
 from . import links
 from .auth import client_handshake
 from .channel import Channel, ChannelClosed
-from .errors import RingError
+from .errors import FitError, RingError
 from .fingerprint import span_fingerprint
 from .membership import Member, Roster
 from .memory import free_bytes
-from .plan import split_layers
+from .plan import QUANT_BYTES, ModelSize, Offer, plan
 from .shard import Shard
 from .tensors import DTYPES
 from .tls import Endpoint as TLSEndpoint
@@ -38,6 +38,8 @@ class Target:
     dtype: str
     quant: str
     device: str
+    size: ModelSize  # what the plan weighs (peers/plan.py)
+    max_context: int
 
 
 class Planner:
@@ -52,64 +54,83 @@ class Planner:
         self.epoch = 0
         self.first_hop: Channel | None = None
         self.lock = trio.Lock()  # a pass holds it too: no re-plan in the middle of a pass
+        self.drafter_bytes = 0  # what a drafter built before the plan holds on the host
 
-    def host_offer(self) -> float:
-        if self.offer_gb is not None:
-            return self.offer_gb * 2**30
-        # the embedding and head stay here whatever the plan, so they come off the host's budget
-        c, t = self.target.config, self.target
-        fixed = 2 * c.vocab_size * c.hidden_size * DTYPES[t.dtype].itemsize
-        return max(free_bytes(t.device) - fixed, 0)
+    def host_offer(self) -> int:
+        """What the host offers, the embedding, head and drafter included (the plan takes them off)."""
+        return int(self.offer_gb * 2**30) if self.offer_gb is not None else free_bytes(self.target.device)
+
+    def offers(self, live: list[Member]) -> list[Offer]:
+        t = self.target
+        return [Offer("host", self.host_offer(), t.dtype, t.quant)] + [
+            Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
+                  m.quant if m.quant in QUANT_BYTES else "none") for m in live]
 
     async def replan(self, host_port: int) -> None:
-        """Split the layers over the host and every live member, load, and wire the ring."""
+        """Split the layers over the host and every live member, load, and wire the ring; a member that runs out
+        of memory loading its span is left out and the rest planned again."""
         async with self.lock:
-            t = self.target
-            live = self.roster.live()
-            spans = split_layers(t.config.num_hidden_layers, [self.host_offer()] + [m.free_bytes for m in live])
-            epoch = self.epoch + 1
-            ring = [m for m, s in zip(live, spans[1:]) if s.size]
-            for m, s in zip(live, spans[1:]):
-                m.assign(s, epoch)
-            self.on_change()
-            if self.shard is None or self.shard.span != spans[0]:
-                self.shard = None  # free the old span before loading the new one
-                self.shard = await trio.to_thread.run_sync(
-                    lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
-                                  device=t.device))
-            for i, m in enumerate(ring):
-                nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"
-                pin = ring[i + 1].tls_fingerprint if i + 1 < len(ring) else self.tls.fingerprint
-                try:
-                    await m.ctl.send({"t": "assign", "epoch": epoch, "model": t.spec,
-                                      "config_fingerprint": t.fingerprint,
-                                      "span_fingerprint": await trio.to_thread.run_sync(
-                                          span_fingerprint, t.dir, m.span.start, m.span.end),
-                                      "start": m.span.start,
-                                      "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt, "next_tls": pin,
-                                      "host_port": host_port})
-                except ChannelClosed:
-                    m.state = "lost"
-            for m in ring:
-                with trio.move_on_after(600):
-                    await m.ready.wait()
-            bad = [m for m in ring if m.state != "ready"]
-            if bad:
-                for m in bad:
-                    if m.state != "lost":
-                        m.state = "failed"
-                raise RingError("; ".join(f"member {m.id}: {m.error or m.state}" for m in bad))
-            if self.first_hop is not None:
-                await self.first_hop.aclose()
-                self.first_hop = None
-            if ring:
-                stream = await TLSEndpoint.dial(await links.dial(ring[0].data_addr), ring[0].tls_fingerprint)
-                self.first_hop = Channel(stream, "first hop")
-                await client_handshake(self.first_hop, self.token, "data")
-            self.ring, self.epoch = ring, epoch
-            log.info("ring epoch %d: host %s%s", epoch, spans[0],
-                     "".join(f" -> member {m.id} {m.span}" for m in ring))
-            self.on_change()
+            while not await self._replan(host_port):
+                pass
+
+    async def _replan(self, host_port: int) -> bool:
+        """One plan; False if members ran out of memory loading (they are failed now, so out of the next)."""
+        t = self.target
+        live = self.roster.live()
+        # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
+        try:
+            spans = plan(t.size, self.offers(live), t.max_context, self.drafter_bytes)
+        except FitError as e:
+            ran_out = [m.error for m in self.roster.members if m.state == "failed" and m.oom]
+            if ran_out:
+                raise FitError("; ".join(ran_out) + f"; the rest of the ring {e}") from None
+            raise
+        epoch = self.epoch + 1
+        ring = [m for m, s in zip(live, spans[1:]) if s.size]
+        for m, s in zip(live, spans[1:]):
+            m.assign(s, epoch)
+        self.on_change()
+        if self.shard is None or self.shard.span != spans[0]:
+            self.shard = None  # free the old span before loading the new one
+            self.shard = await trio.to_thread.run_sync(
+                lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
+                              device=t.device))
+        for i, m in enumerate(ring):
+            nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"
+            pin = ring[i + 1].tls_fingerprint if i + 1 < len(ring) else self.tls.fingerprint
+            try:
+                await m.ctl.send({"t": "assign", "epoch": epoch, "member": m.id, "model": t.spec,
+                                  "config_fingerprint": t.fingerprint,
+                                  "span_fingerprint": await trio.to_thread.run_sync(
+                                      span_fingerprint, t.dir, m.span.start, m.span.end),
+                                  "start": m.span.start,
+                                  "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt, "next_tls": pin,
+                                  "host_port": host_port})
+            except ChannelClosed:
+                m.state = "lost"
+        for m in ring:
+            with trio.move_on_after(600):
+                await m.ready.wait()
+        bad = [m for m in ring if m.state != "ready"]
+        if bad:
+            for m in bad:
+                if m.state != "lost":
+                    m.state = "failed"
+            if all(m.oom for m in bad):
+                return False
+            raise RingError("; ".join(f"member {m.id}: {m.error or m.state}" for m in bad))
+        if self.first_hop is not None:
+            await self.first_hop.aclose()
+            self.first_hop = None
+        if ring:
+            stream = await TLSEndpoint.dial(await links.dial(ring[0].data_addr), ring[0].tls_fingerprint)
+            self.first_hop = Channel(stream, "first hop")
+            await client_handshake(self.first_hop, self.token, "data")
+        self.ring, self.epoch = ring, epoch
+        log.info("ring epoch %d: host %s%s", epoch, spans[0],
+                 "".join(f" -> member {m.id} {m.span}" for m in ring))
+        self.on_change()
+        return True
 
     async def replan_logged(self, host_port: int) -> None:
         try:
@@ -124,6 +145,8 @@ class Planner:
             await trio.sleep(0.2 * (i + 1))
             try:
                 return await self.replan(host_port)
+            except FitError:  # the members left cannot hold the model: no retry helps
+                raise
             except RingError as e:  # a member failed while loading: it is excluded from the next plan
                 log.warning("re-plan failed: %s", e)
         raise RingError(f"could not re-form the ring after {attempts} attempts")

@@ -5,7 +5,6 @@ The first stage also holds the token embedding; the host's shard also holds the 
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from . import tree
+from .checkpoint import weight_files
+from .memory import release_freed
 from .models import ModelError
 from .plan import Span
 from .tensors import DTYPES
@@ -47,18 +48,6 @@ def rollback_cache(config) -> DynamicCache:
     return cache
 
 
-def _weight_files(model_dir: Path) -> dict[str, Path]:
-    """tensor name -> the safetensors file that holds it, without opening any tensor."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        return {k: model_dir / f for k, f in json.loads(index.read_text())["weight_map"].items()}
-    names = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(f, framework="pt") as st:
-            names.update({k: f for k in st.keys()})
-    return names
-
-
 class Shard:
     def __init__(self, model_dir: Path, span: Span, *, embed: bool, head: bool,
                  dtype: str = "float32", quant: str = "none", device: str = "cpu"):
@@ -77,10 +66,11 @@ class Shard:
         self.lm_head = full.lm_head if head else None
         self.rotary = type(inner.rotary_emb)(config=config).to(self.device)
         self.layer_types = getattr(config, "layer_types", None) or ["full_attention"] * span.n_layers
+        self.quant = quant
+        if quant != "none":  # swapped on the meta device, each matrix quantized as it is read (peers/quant.py)
+            from . import quant as q
+            q.swap_linears(self.layers, quant, self.dtype)
         self._load(model_dir)
-        if quant != "none":
-            from .quant import quantize_linears
-            quantize_linears(self.layers, quant, self.device)
         del full, inner
 
     def _wanted(self) -> dict[str, tuple[torch.nn.Module, str]]:
@@ -96,7 +86,7 @@ class Shard:
         return want
 
     def _load(self, model_dir: Path) -> None:
-        files = _weight_files(model_dir)
+        files = weight_files(model_dir)
         want = self._wanted()
         if self.lm_head is not None:
             # a tied head is not stored: it *is* the embedding matrix (leaving it unset gives garbage text)
@@ -109,18 +99,35 @@ class Shard:
         missing = [k for k in want if k not in files]
         if missing:
             raise ModelError(f"checkpoint lacks {len(missing)} tensors of this shard, e.g. {missing[0]}")
-        by_file: dict[Path, list[str]] = {}
-        for k in list(want) + list(want_head):
-            by_file.setdefault(files[k], []).append(k)
-        for f, keys in by_file.items():
-            with safe_open(f, framework="pt", device="cpu") as st:
-                for k in keys:
-                    t = st.get_tensor(k).to(self.device, self.dtype)
-                    for target in (want.get(k), want_head.get(k)):
-                        if target is not None:
-                            _assign(*target, t)
+        for k in list(want) + [k for k in want_head if k not in want]:
+            t = _read(files[k], k, self.dtype)
+            moved = None  # a tied head shares the embedding's tensor on the device
+            for target in (want.get(k), want_head.get(k)):
+                if target is not None:
+                    moved = self._place(*target, t, moved)
+            del t, moved  # one tensor in full precision at a time
+            if self.quant != "none":
+                release_freed()
         for m in self.modules():
             m.eval().requires_grad_(False)
+
+    def _place(self, module: torch.nn.Module, name: str, t: torch.Tensor, moved: torch.Tensor | None):
+        """Put the CPU tensor t into module.name: quantized there, or as it is on the device (returned, so a
+        second target of the same tensor shares it)."""
+        *path, leaf = name.split(".")
+        for p in path:
+            module = getattr(module, p)
+        old = getattr(module, leaf)
+        if tuple(old.shape) != tuple(t.shape):
+            raise ModelError(f"tensor {name} has shape {tuple(t.shape)}, the model expects {tuple(old.shape)}")
+        if self.quant != "none":
+            from . import quant
+            if quant.is_quantized(module, leaf):
+                quant.quantize(module, t, self.device)
+                return moved
+        moved = t.to(self.device) if moved is None else moved
+        setattr(module, leaf, torch.nn.Parameter(moved, requires_grad=False))
+        return moved
 
     def modules(self) -> list[torch.nn.Module]:
         return [m for m in (self.layers, self.embed, self.norm, self.lm_head) if m is not None]
@@ -190,11 +197,8 @@ class Shard:
         return self.finish(h, h.shape[-2])[1]
 
 
-def _assign(module: torch.nn.Module, name: str, t: torch.Tensor) -> None:
-    *path, leaf = name.split(".")
-    for p in path:
-        module = getattr(module, p)
-    old = getattr(module, leaf)
-    if tuple(old.shape) != tuple(t.shape):
-        raise ModelError(f"tensor {name} has shape {tuple(t.shape)}, the model expects {tuple(old.shape)}")
-    setattr(module, leaf, torch.nn.Parameter(t, requires_grad=False))
+def _read(path: Path, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor, copied out of the file onto the CPU in `dtype`. The file is mapped only while this tensor is
+    read: pages of a mapping count as resident while it lives, so one kept open would hold every tensor read so far."""
+    with safe_open(path, framework="pt", device="cpu") as st:
+        return st.get_tensor(name).to(dtype=dtype, copy=True)

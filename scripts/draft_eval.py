@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from peers.adaptive import LinkPolicy  # noqa: E402
 from peers.chat import Chat  # noqa: E402
-from peers.drafters import Drafter  # noqa: E402
+from peers.drafting import Drafter  # noqa: E402
 from peers.sampling import SamplingParams  # noqa: E402
 from sfchat.runtime import drafter_for, open_ring  # noqa: E402
 

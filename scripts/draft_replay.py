@@ -27,9 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draft_eval import PROMPTS  # noqa: E402
-from peers import distill  # noqa: E402
+from peers.drafting import feature, shipped_draft  # noqa: E402
 from peers.distill import chat_prompts  # noqa: E402
-from peers.drafters import lookup  # noqa: E402
+from peers.drafting import lookup  # noqa: E402
 from peers.locations import models_dir  # noqa: E402
 from peers.models import DEFAULT_MODEL  # noqa: E402
 from peers.sampling import SamplingParams  # noqa: E402
@@ -86,7 +86,7 @@ def main() -> None:
     torch.set_num_threads(1)
     target = models_dir() / DEFAULT_MODEL
     tok, model = AutoTokenizer.from_pretrained(target), AutoModelForCausalLM.from_pretrained(target).eval()
-    d = distill.load(a.draft or distill.shipped_draft(target), target, tok, model.config.vocab_size)
+    d = feature.load(a.draft or shipped_draft(target), target, tok, model.config.vocab_size)
     rng = random.Random(1)
     prompts = PROMPTS if a.prompts == "eval" else [chat_prompts.prompt(rng, "eval") for _ in range(30)]
     losses = dict.fromkeys(TEMPERATURES, 0.0)

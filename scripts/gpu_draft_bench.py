@@ -11,7 +11,7 @@ import time
 import torch
 
 from peers import models
-from peers.drafters import ModelDrafter
+from peers.drafting import ModelDrafter
 from peers.sampling import SamplingParams
 
 

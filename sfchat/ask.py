@@ -24,7 +24,8 @@ async def ask(args) -> int:
 
         text, result = await chat.reply(args.prompt, drafter=drafter, params=params, policy=KPolicy(pinned=args.k),
                                         max_new_tokens=args.max_new_tokens, on_text=on_text)
-        members = [{"name": m["name"], "layers": m["layers"], "rtt_ms": m["rtt_ms"], "device": m["device"]}
+        members = [{"name": m["name"], "layers": m["layers"], "rtt_ms": m["rtt_ms"], "device": m["device"],
+                    "memory_bytes": m["memory_bytes"], "peak_memory_bytes": m["peak_memory_bytes"]}
                    for m in ring.host.members_info()]
     if args.json:
         stats = result.stats.summary() | {"members": members, "finish": result.finish, "drafter": drafter.name,

@@ -152,7 +152,7 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).eval()
     assistant, extra = None, {}
     if "transformers-assisted" in modes:
-        from peers.distill import is_distilled
+        from peers.drafting import is_distilled
 
         if args.draft == "none":
             modes = [m for m in modes if m != "transformers-assisted"]
@@ -225,7 +225,7 @@ async def shaped_relay(delay_ms: float):
 async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], advance) -> list[Row]:
     from peers.adaptive import KPolicy
     from peers.chat import Chat
-    from peers.drafters import Drafter
+    from peers.drafting import Drafter
     from peers.sampling import SamplingParams
 
     from .runtime import drafter_for, open_ring
@@ -326,7 +326,7 @@ def print_tables(rows: list[dict], rtts: list[float], console) -> None:
 
 def draft_label(spec: str | None, model_dir) -> str:
     """What ring-spec drafts with: a default resolves to the shipped draft (embedded default target) or ngram."""
-    from peers.distill import shipped_draft
+    from peers.drafting import shipped_draft
 
     if spec in (None, "", "auto"):
         return "shipped draft" if shipped_draft(model_dir) is not None else "ngram"

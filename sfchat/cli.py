@@ -89,6 +89,8 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=at_least(0), help="pin the draft length (default: adaptive)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=256, metavar="N",
                    help="the longest answer, in tokens")
+    p.add_argument("--max-context", type=at_least(1), metavar="N",
+                   help="the longest conversation the ring plans memory for (default: the model's limit, at most 8192)")
     p.add_argument("--temperature", type=in_range(0, 5), default=0.0, help="sampling temperature; 0 is greedy")
     p.add_argument("--top-p", type=in_range(0, 1), default=1.0, help="nucleus sampling: the likeliest tokens "
                    "whose probabilities sum to this (1: all)")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import trio
 
 from peers.chat import eos_ids, load_tokenizer
-from peers.drafters import make_drafter
+from peers.drafting import make_drafter
 from peers.host import Host
 from sfchat import invite
 from sfchat.local import LocalPeers
@@ -29,7 +29,8 @@ class Ring:
 def build_host(args, **kw) -> Host:
     return Host(args.model, token=getattr(args, "token", None), listen=getattr(args, "listen", None) or "127.0.0.1:0",
                 dtype=args.dtype, quant=args.quant, device=getattr(args, "device", None), say=say,
-                relay=getattr(args, "relay", None), tls=bool(getattr(args, "tls", False)), **kw)
+                relay=getattr(args, "relay", None), tls=bool(getattr(args, "tls", False)),
+                max_context=getattr(args, "max_context", None), **kw)
 
 
 @asynccontextmanager
@@ -53,7 +54,7 @@ async def open_ring(args, *, wait_peers: int = 0, announce: bool = True, host: H
                         local.check()
                     with trio.move_on_after(0.2):
                         await host.wait_members(want)
-            if want:
+            if want or host.shard is None:  # (no shard: the host alone could not hold it, and says why now)
                 await host.replan()
             host.auto_replan = True  # from now on a member that (re)joins is planned in
             yield Ring(host, tokenizer, eos_ids(host.model_dir, host.config, tokenizer), local)

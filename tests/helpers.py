@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from peers.adaptive import KPolicy
 from peers.chat import Chat, eos_ids, load_tokenizer
-from peers.drafters import Drafter, make_drafter
+from peers.drafting import Drafter, make_drafter
 from peers.host import Host
 from peers.sampling import SamplingParams
 from sfchat.local import LocalPeers

@@ -14,10 +14,11 @@ from safetensors.torch import load_file
 from helpers import ROOT, answer, reference_ids
 from peers.adaptive import LinkPolicy
 from peers.chat import load_tokenizer
-from peers.distill import FeatureDrafter, shipped_draft
-from peers.distill.draft import COPY_WEIGHT, target_head
+from peers.drafting import FeatureDrafter, shipped_draft
+from peers.drafting.feature import COPY_WEIGHT
+from peers.drafting.feature_net import target_head
 from peers.distill.pipeline import Options, distill, held_out_samples
-from peers.drafters import NgramDrafter, make_drafter
+from peers.drafting import NgramDrafter, make_drafter
 from peers.sampling import SamplingParams
 from peers.tree import MAX_NODES, check_parents
 
@@ -228,7 +229,7 @@ def test_chat_prompts_keep_held_out_subjects_and_the_measured_prompts_out_of_tra
 
 
 def test_cli_runs_for_seconds_and_make_drafter_picks_the_shipped_draft(tiny_llama, tmp_path, monkeypatch):
-    """`sfchat distill --minutes` as a user runs it; a draft at assets/drafts/<default> serves the default target."""
+    """`sfchat distill --minutes` as a user runs it; a draft at $SFCHAT_DRAFTS_DIR/<default> serves the default target."""
     models = tmp_path / "models"
     shutil.copytree(tiny_llama, models / "smollm2-135m")  # the tiny target plays the embedded default
     out = tmp_path / "drafts" / "smollm2-135m"

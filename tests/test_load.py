@@ -3,7 +3,7 @@ import trio
 
 from helpers import new_chat, running_ring
 from peers.adaptive import KPolicy
-from peers.drafters import Drafter
+from peers.drafting import Drafter
 from peers.memory import rss_bytes
 from peers.sampling import SamplingParams
 from tiny import CORPUS

@@ -35,7 +35,8 @@ def test_wrong_token_is_refused_and_joiner_exits_nonzero(tiny_llama, caplog):
 
 
 def test_peer_with_half_the_layers_uses_well_under_the_whole_model(smollm2):
-    """SmolLM2 is 540 MB in float32; a peer holding 15 of 30 layers (no embedding, no head) adds ~200 MB."""
+    """SmolLM2 is 540 MB in float32; a peer holding about half of 30 layers (no embedding, no head) adds ~200 MB.
+    (The host holds the embedding and head on the same offer, so the peer gets a layer or two more.)"""
     async def main():
         host = Host("smollm2-135m", say=lambda *a: None, offer_gb=1.0)
         async with trio.open_nursery() as nursery:
@@ -44,7 +45,7 @@ def test_peer_with_half_the_layers_uses_well_under_the_whole_model(smollm2):
                 await host.wait_members(1, timeout=120)
                 await host.replan()
                 m = host.ring[0]
-                assert m.span.size == 15
+                assert 15 <= m.span.size <= 17
                 used = m.rss - m.rss_before
                 await host.close()
             nursery.cancel_scope.cancel()

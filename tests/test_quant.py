@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from helpers import ask_json
+import trio
+
+from helpers import ask_json, running_ring
 from peers.shard import Shard, Span
 
 
@@ -23,3 +25,34 @@ def test_ring_runs_in_other_dtypes(flags, tiny_llama):
     got = ask_json("hello world", "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "8",
                    "--draft", "none", *flags)
     assert len(got["token_ids"]) > 0
+
+
+@pytest.mark.parametrize("quant,stored", [("int8", torch.int8), ("nf4", torch.uint8)])
+def test_weights_are_stored_quantized(quant, stored, tiny_llama):
+    s = Shard(tiny_llama, Span(0, 2, 4), embed=False, head=False, quant=quant)
+    linears = [m for m in s.layers.modules() if hasattr(m, "weight") and m.weight.ndim == 2]
+    assert linears and all(m.weight.dtype == stored for m in linears)
+
+
+@pytest.fixture(scope="module")
+def wide_llama(tmp_path_factory):
+    """Four wide layers (~200 MB each in float32) and a tiny vocabulary: the span is nearly all the memory."""
+    from tiny import make_model
+    return make_model(tmp_path_factory.mktemp("wide-llama"), "llama", layers=4, hidden=2048, intermediate_size=5632,
+                      num_attention_heads=16, num_key_value_heads=16)
+
+
+def test_nf4_member_peaks_well_under_float32(wide_llama):
+    """A member quantizes each matrix as it reads it: its peak while loading stays near the quantized size plus
+    one matrix in full precision, far under the same span loaded in float32."""
+    async def peak_of_span(quant: str) -> int:
+        # the host offers just enough for the embedding, head and a pass: the member holds all four layers
+        async with running_ring(wide_llama, 1, extra=["--quant", quant], offer_gb=0.08) as (host, _):
+            (m,) = host.ring
+            assert m.span.size == 4 and m.peak > 0, host.members_info()
+            return m.peak - m.rss_before
+
+    float32, nf4 = trio.run(peak_of_span, "none"), trio.run(peak_of_span, "nf4")
+    span_bytes = 4 * (4 * 2048 * 2048 + 3 * 2048 * 5632 + 2 * 2048) * 4
+    assert float32 > 0.9 * span_bytes, (float32, span_bytes)
+    assert nf4 <= 0.45 * float32, (nf4, float32)

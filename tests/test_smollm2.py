@@ -5,7 +5,7 @@ from helpers import ROOT, ask_json, reference_ids
 
 PROMPT = "Explain quantum entanglement in simple terms."
 N = 40
-DRAFT = str(ROOT / "assets" / "drafts" / "smollm2-135m")
+DRAFT = str(ROOT / "peers" / "drafting" / "shipped" / "smollm2-135m")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_self_draft_at_k6_commits_about_seven_tokens_a_round(want):
 
 
 def test_the_distilled_draft_is_the_default_and_only_changes_speed(want):
-    """The draft distilled for SmolLM2 and shipped in assets/drafts/smollm2-135m (reading the target's features)
+    """The draft distilled for SmolLM2 and shipped in peers/drafting/shipped/smollm2-135m (reading the target's features)
     is used with no --draft: through a ring of two real peers, greedy, the answer is plain transformers', and
     some of its drafts are accepted."""
     got = ask_json(PROMPT, "--local-peers", "2", "--max-new-tokens", str(N))

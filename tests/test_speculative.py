@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from helpers import answer, ask_json, reference_ids
 from peers.adaptive import EXPLORE_EVERY, KPolicy, best_k, expected_tokens
 from peers.chat import load_tokenizer
-from peers.drafters import ModelDrafter, NgramDrafter, lookup, make_drafter
+from peers.drafting import ModelDrafter, NgramDrafter, lookup, make_drafter
 from peers.models import ModelError
 from peers.sampling import SamplingParams
 

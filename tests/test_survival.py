@@ -10,7 +10,7 @@ import trio
 from helpers import ROOT, reference_ids
 from peers.adaptive import KPolicy
 from peers.chat import Chat, eos_ids, load_tokenizer
-from peers.drafters import make_drafter
+from peers.drafting import make_drafter
 from peers.host import Host
 from peers.sampling import SamplingParams
 from sfchat.local import LocalPeers

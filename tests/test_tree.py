@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from helpers import new_chat, reference_ids, running_ring
 from peers import tensors, wire
 from peers.adaptive import KPolicy
-from peers.drafters import Drafter
+from peers.drafting import Drafter
 from peers.sampling import SamplingParams
 from peers.shard import Shard, Span
 from peers.tree import Draft, check_parents, depth_first, on_chain, verify_greedy

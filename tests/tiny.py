@@ -41,8 +41,8 @@ def make_model(path: Path, arch: str = "llama", layers: int = 4, seed: int = 0, 
     vocab = len(tok) + vocab_pad
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                  **config)
+                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    common |= config  # e.g. a wider MLP or more heads
     if arch == "llama":
         cfg = LlamaConfig(**common, tie_word_embeddings=True if tie is None else tie)
     elif arch == "qwen2":

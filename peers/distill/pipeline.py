@@ -33,8 +33,8 @@ from ..chat import eos_ids, load_tokenizer
 from ..fingerprint import config_fingerprint
 from ..memory import default_device
 from ..shard import load_config
-from . import draft as drafts
-from . import teacher, train
+from ..drafting import feature_net
+from . import teacher, train, weights
 
 RECIPE = {"seed": 0, "layers": 1, "vocab": 8192, "batch": None, "max_new": 256}  # None: per device
 CHECKPOINT_EVERY_S = 60.0
@@ -201,27 +201,27 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
         counts = torch.bincount(torch.cat([s["ids"][s["start"]:].long() for s in samples]), minlength=vocab_size)
         always = {i for i in eos_ids(target_dir, load_config(target_dir), tok) | set(tok.all_special_ids)
                   if i < vocab_size}
-        state["vocab"] = drafts.choose_vocab(counts, plan["vocab"], always)
+        state["vocab"] = weights.choose_vocab(counts, plan["vocab"], always)
         _save(state, state_path)
     ids = state["vocab"]
     to_row = torch.full((vocab_size,), -1, dtype=torch.long)  # target id -> head row (-1: not in the head)
     to_row[torch.tensor(ids)] = torch.arange(len(ids))
-    head = drafts.target_head(target_dir)  # the full head: the target's own greedy choice, for agreement
+    head = feature_net.target_head(target_dir)  # the full head: the target's own greedy choice, for agreement
     target = None  # training needs only the data and the target's files: free its memory
     ckpt = work / "ckpt.pt"
     if ckpt.is_file():
         saved = torch.load(ckpt, map_location="cpu")  # a run may move between a GPU and a CPU machine
-        model = drafts.build(target_dir, drafts.body_config(target_dir, plan["layers"]), ids, saved["model"])
+        model = feature_net.build(target_dir, weights.body_config(target_dir, plan["layers"]), ids, saved["model"])
         model.to(device)
         opt = train.optimizer(model)
         opt.load_state_dict(saved["opt"])
     else:
-        model = drafts.init_draft(target_dir, ids, plan["layers"], seed).to(device)
+        model = weights.init_draft(target_dir, ids, plan["layers"], seed).to(device)
         opt = train.optimizer(model)
         state["agreement_init"] = train.agreement(model, held_out, head, to_row, device)
 
     def checkpoint():
-        _save({"model": drafts.own_state(model), "opt": opt.state_dict()}, ckpt)
+        _save({"model": weights.own_state(model), "opt": opt.state_dict()}, ckpt)
         _save(state, state_path)
 
     # 3. training
@@ -249,7 +249,7 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
 
     # 4. export
     summary = {"target": target_dir.name, "target_config": plan["target_config"],
-               "tokenizer": drafts.tokenizer_fingerprint(tok), **{k: plan[k] for k in RECIPE},
+               "tokenizer": feature_net.tokenizer_fingerprint(tok), **{k: plan[k] for k in RECIPE},
                "shards": state["shards"], "steps": state["step"], "written_tokens": written,
                "data_minutes": round(state["data_s"] / 60, 2), "train_minutes": round(state["train_s"] / 60, 2),
                "device": device, "agreement_init": [round(a, 4) for a in state["agreement_init"]],
@@ -259,6 +259,6 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
     summary["prompt_sets"] = {p: state["prompt_sets"].count(p) for p in dict.fromkeys(state["prompt_sets"])}
     # an interrupted leg is named whole: its command finishes it; a time-budget run is named by its steps
     summary["reproduce"] = reproduce(out, model_name, plan, kinds(), state["legs"] or [state["step"]])
-    drafts.save_draft(model, ids, out, summary)
+    weights.save_draft(model, ids, out, summary)
     return summary
 

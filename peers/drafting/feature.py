@@ -1,170 +1,40 @@
-"""The draft: an EAGLE-style head that reads the target's own final hidden state.
-
-At position t the draft reads the target's feature f_t (its final, normalised hidden state, which the host holds
-after every ring pass) together with the embedding of the next token x_{t+1}, fuses them (fc: 2H -> H), runs a
-decoder layer of its own (with its own KV cache over earlier positions) and predicts f_{t+1}; the target's LM
-head over that prediction proposes x_{t+2}. Further drafts feed the draft's predicted feature back in place of
-the target's. The target's feature already carries nearly all of what decides the next token, so one layer
-agrees with the target far more often than a small stand-alone model of the same cost.
-
-The head keeps only the rows of the target tokens written most often (as EAGLE-3 / FR-Spec do: on a small draft
-the head is most of the cost, and rare tokens are rarely accepted anyway). Embedding and head rows are frozen
-copies of the target's, so a draft directory stores only its fc, layer and norm (a few MB) and takes the rest
-from its target's files when loaded; distill.json records which target. Verification is unchanged: the draft
-proposes target ids, and its q is zero outside its head's rows.
-"""
+"""The feature drafter: drafts chains and trees from the target's own final hidden states (feature_net.py)."""
 from __future__ import annotations
 
-import copy
-import hashlib
 import json
-import os
 import threading
 import time
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from ..drafters import Drafter, common_prefix, followers, lookup
-from ..fingerprint import config_fingerprint
-from ..models import DEFAULT_MODEL, ModelError
-from ..sampling import SamplingParams, draw, position_generator
-from ..shard import _weight_files, load_config, rollback_cache
-from ..threads import torch_threads
 from .. import tree
+from ..fingerprint import config_fingerprint
+from ..models import ModelError
+from ..sampling import SamplingParams, draw, position_generator
+from ..shard import load_config, rollback_cache
+from ..threads import torch_threads
 from ..tree import BRANCHES, Draft, depth_first
+from .base import Drafter, common_prefix
+from .feature_net import VOCAB_FILE, build, read_meta, tokenizer_fingerprint
+from .ngram import followers, lookup
 
-VOCAB_FILE = "draft_vocab.json"  # [target id of head row 0, of row 1, ...]
-META_FILE = "distill.json"  # the recipe, the counts reached, the target's identity, measured agreement
-SHARED = ("embed.weight", "head.weight")  # taken from the target, never stored with the draft
-COPY_WEIGHT = 0.4  # the share of a copied token in the draft's distribution (measured: see FeatureDrafter)
+COPY_WEIGHT = 0.4  # the share of a copied token in the draft's distribution (why: see FeatureDrafter)
 SHARPEN = 0.85  # the draft's logits over this (a temperature) make its greedy confidences calibrated (see _probs)
 MAX_UNSEEN = 16  # positions the draft will read without the target's feature (its own guesses stand in)
-
-
-def tokenizer_fingerprint(tok) -> str:
-    return hashlib.sha256(json.dumps(sorted(tok.get_vocab().items())).encode()).hexdigest()
-
-
-def choose_vocab(counts: torch.Tensor, size: int, always: set[int]) -> list[int]:
-    """The `size` most written target ids (ties by id), the `always` ids (end of turn) first."""
-    order = sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
-    rest = [i for i in order if i not in always]
-    return sorted(always) + rest[: max(size - len(always), 0)]
-
-
-def body_config(target_dir: Path, n_layers: int):
-    """The target's config cut to the draft's layers; its token embedding is unused (it gets inputs_embeds)."""
-    cfg = copy.deepcopy(load_config(target_dir))
-    if getattr(cfg, "layer_types", None):
-        cfg.layer_types = cfg.layer_types[-n_layers:]
-    if hasattr(cfg, "max_window_layers"):
-        cfg.max_window_layers = n_layers
-    cfg.num_hidden_layers, cfg.vocab_size = n_layers, 1
-    cfg.pad_token_id = cfg.bos_token_id = cfg.eos_token_id = None
-    return cfg
-
-
-class FeatureDraft(torch.nn.Module):
-    def __init__(self, cfg, n_rows: int, target_vocab: int):
-        from transformers import AutoModel
-
-        super().__init__()
-        h = cfg.hidden_size
-        self.embed = torch.nn.Embedding(target_vocab, h)
-        self.fc = torch.nn.Linear(2 * h, h, bias=False)
-        self.body = AutoModel.from_config(cfg, dtype=torch.float32)
-        self.head = torch.nn.Linear(h, n_rows, bias=False)
-        self.embed.requires_grad_(False)
-        self.head.requires_grad_(False)
-
-    def forward(self, next_ids: torch.Tensor, feats: torch.Tensor, cache=None, attention_mask=None,
-                position_ids=None) -> torch.Tensor:
-        """next_ids [B, T] (x_{t+1}), feats [B, T, H] (f_t) -> predicted features [B, T, H] (f_{t+1})."""
-        x = self.fc(torch.cat([self.embed(next_ids), feats.to(self.fc.weight.dtype)], -1))
-        return self.body(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                         use_cache=cache is not None).last_hidden_state
-
-
-def _target_tensors(target_dir: Path, names: dict[str, str]) -> dict[str, torch.Tensor]:
-    """{our name: target tensor name} -> {our name: tensor}, read from the target's safetensors only."""
-    files = _weight_files(Path(target_dir))
-    out = {}
-    for ours, theirs in names.items():
-        with safe_open(files[theirs], framework="pt") as f:
-            out[ours] = f.get_tensor(theirs).float()
-    return out
-
-
-def target_head(target_dir: Path) -> torch.Tensor:
-    """The target's LM head matrix [vocab, H] (a tied head is its embedding)."""
-    name = "lm_head.weight" if "lm_head.weight" in _weight_files(Path(target_dir)) else "model.embed_tokens.weight"
-    return _target_tensors(target_dir, {"head": name})["head"]
-
-
-def build(target_dir: Path, cfg, ids: list[int], state: dict[str, torch.Tensor]) -> FeatureDraft:
-    """The draft: `state` (fc, layers, norm) plus the target's embedding and the head rows `ids`."""
-    shared = _target_tensors(target_dir, {"embed": "model.embed_tokens.weight"})["embed"]
-    model = FeatureDraft(cfg, len(ids), shared.shape[0])
-    model.load_state_dict({**state, SHARED[0]: shared, SHARED[1]: target_head(target_dir)[torch.tensor(ids)]})
-    return model
-
-
-def init_draft(target_dir: Path, ids: list[int], n_layers: int, seed: int) -> FeatureDraft:
-    """A fresh draft: a seeded fc, the target's last layers and its final norm (the features' own scale)."""
-    cfg = body_config(target_dir, n_layers)
-    n_target = load_config(target_dir).num_hidden_layers
-    names = {"body.norm.weight": "model.norm.weight"}
-    files = _weight_files(Path(target_dir))
-    for j, i in enumerate(range(n_target - n_layers, n_target)):
-        names.update({k.replace(f"model.layers.{i}.", f"body.layers.{j}.", 1): k
-                      for k in files if k.startswith(f"model.layers.{i}.")})
-    torch.manual_seed(seed)
-    fresh = FeatureDraft(cfg, len(ids), 1)
-    state = {k: v for k, v in fresh.state_dict().items() if k not in SHARED}
-    state.update(_target_tensors(target_dir, names))
-    return build(target_dir, cfg, ids, state)
-
-
-def own_state(model: FeatureDraft) -> dict[str, torch.Tensor]:
-    """What training changes and a draft directory stores: everything but the shared embedding and head."""
-    return {k: v for k, v in model.state_dict().items() if k not in SHARED}
-
-
-def save_draft(model: FeatureDraft, ids: list[int], out: Path, meta: dict) -> None:
-    """Write the draft's own tensors (bfloat16: half the bytes), its config, its head's ids, its recipe."""
-    out.mkdir(parents=True, exist_ok=True)
-    model.body.config.save_pretrained(out)
-    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in own_state(model).items()}
-    save_file(tensors, out / "model.safetensors.tmp")
-    os.replace(out / "model.safetensors.tmp", out / "model.safetensors")
-    for name, text in ((VOCAB_FILE, json.dumps(ids)), (META_FILE, json.dumps(meta, indent=1))):
-        (out / (name + ".tmp")).write_text(text + "\n")
-        os.replace(out / (name + ".tmp"), out / name)
-
-
-def is_distilled(d: Path) -> bool:
-    d = Path(d)
-    return all((d / f).is_file() for f in (VOCAB_FILE, META_FILE, "config.json", "model.safetensors"))
-
-
-def read_meta(d: Path) -> dict:
-    return json.loads((Path(d) / META_FILE).read_text())
 
 
 class FeatureDrafter(Drafter):
     """Drafts from the target's features, which the generation loop hands over after every ring pass (observe).
 
     Where the context repeats itself (its last 2-3 tokens occurred before), what followed them last time (prompt
-    lookup) is mixed into the draft's distribution with weight COPY_WEIGHT. Measured on the target's answers to
-    30 held-out chat prompts with the shipped draft: at such places copying was right 62% of the time and the
-    draft 53%; where the two agree (half the time) the target agreed 83% of the time, where they differ it took
-    the copy 41% of the time and the draft's choice 22%. A weight of 0.4 picks the copy unless the draft is very
-    sure of another token (0.645 right instead of 0.622), and its probabilities match those rates (0.76 where
-    they agree, 0.43 for a disputed copy), which is what the confidence floor needs
-    (`python scripts/draft_replay.py --prompts heldout`).
+    lookup) is mixed into the draft's distribution with weight COPY_WEIGHT: the mixture is
+    p(x) = w [x = copy] + (1 - w) p_draft(x), so the copy wins unless the draft gives another token more than
+    w / (1 - w) + p_draft(copy) of its mass. At such places the copy is right more often than the draft, and w
+    is chosen so that the mixture's probabilities match how often the target agrees (where copy and draft agree,
+    and for a disputed copy), which is what the confidence floor needs. The replay that measures it is
+    `python scripts/draft_replay.py --prompts heldout`; its figures are in docs/benchmarks.md.
 
     Cache index t holds the draft's keys and values for input (f_t, x_{t+1}). The first `true_len` indices were
     computed from the target's real features; later ones (past what the ring has verified, e.g. while drafting
@@ -238,10 +108,10 @@ class FeatureDrafter(Drafter):
 
     def _probs(self, g: torch.Tensor) -> torch.Tensor:
         """The draft's greedy confidences over its head's rows after predicted feature(s) g. Distillation leaves it
-        under-confident (on held-out chat answers a chain's confidences of 0.4-0.5 were right 57% of the time):
-        logits / SHARPEN minimise the log loss of "this child is the target's token" over its top three with
-        copies mixed in (1.080 against 1.105 at 1), after which a chain's confidences match how often it is right
-        (0.4-0.5: 50%, 0.6-0.7: 74%, 0.9-1: 97%; `python scripts/draft_replay.py --prompts heldout`)."""
+        under-confident (its chains are right more often than their confidences say): SHARPEN is the temperature
+        that minimises the log loss of "this child is the target's token" over its top three with copies mixed
+        in, after which a chain's confidences match how often it is right (calibration table:
+        `python scripts/draft_replay.py --prompts heldout`, figures in docs/benchmarks.md)."""
         return torch.softmax(self.model.head(g).float() / SHARPEN, -1)
 
     def _children(self, p: torch.Tensor, copy: int | None, n: int) -> list[tuple[int, float]]:
@@ -292,8 +162,8 @@ class FeatureDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
         # one thread: the draft's matrices are small, and it often runs while a ring stage computes on the same
-        # cores (its look-ahead), where a second thread's barrier waits on a busy core; measured with another
-        # process busy on both cores, one proposal of 2 tokens took 5.9 ms on one thread and 33 ms on two.
+        # cores (its look-ahead), where a second thread's barrier waits on a busy core (many times slower than one
+        # thread when the cores are busy: docs/benchmarks.md).
         # torch's thread count is per OS thread, so the host's own layers keep theirs (peers/threads.py).
         with torch_threads(1), self.lock:
             return self._propose(context, n, params, stop, floor, prior)
@@ -387,21 +257,3 @@ def load(draft_dir: Path, target_dir: Path, tokenizer, target_vocab: int, device
             meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
         raise ModelError(f"the draft {Path(draft_dir).name} was distilled for another model ({meta.get('target')})")
     return FeatureDrafter(draft_dir, target_dir, target_vocab, device=device, name=name)
-
-
-def drafts_dir() -> Path:
-    """Shipped drafts: assets/drafts/<target name> in the source tree (SFCHAT_DRAFTS_DIR overrides)."""
-    return Path(os.environ.get("SFCHAT_DRAFTS_DIR") or Path(__file__).resolve().parents[2] / "assets" / "drafts")
-
-
-def shipped_draft(target_dir: Path) -> Path | None:
-    """The shipped draft for the embedded default target, if there is one and it was distilled from this very
-    model (same config); else None."""
-    from ..locations import models_dir
-
-    if Path(target_dir).resolve() != (models_dir() / DEFAULT_MODEL).resolve():
-        return None
-    d = drafts_dir() / DEFAULT_MODEL
-    if not is_distilled(d):
-        return None
-    return d if read_meta(d).get("target_config") == config_fingerprint(target_dir) else None

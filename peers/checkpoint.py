@@ -1,0 +1,41 @@
+"""What a checkpoint holds, read from config.json and the safetensors headers alone: no torch, no tensor bytes.
+
+A safetensors file starts with an 8-byte little-endian header length and a JSON header mapping each tensor's name
+to its dtype, shape and byte offsets; reading that is enough to size a model before anything is loaded.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+
+def read_header(path: Path) -> dict[str, dict]:
+    """tensor name -> {"dtype", "shape", "data_offsets"} of one safetensors file."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header
+
+
+def weight_files(model_dir: Path) -> dict[str, Path]:
+    """tensor name -> the safetensors file that holds it."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: model_dir / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    names = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        names.update({k: f for k in read_header(f)})
+    return names
+
+
+def tensor_shapes(model_dir: Path) -> dict[str, list[int]]:
+    shapes = {}
+    for f in sorted(set(weight_files(model_dir).values())):
+        shapes.update({k: v["shape"] for k, v in read_header(f).items()})
+    return shapes
+
+
+def read_config(model_dir: Path) -> dict:
+    return json.loads((model_dir / "config.json").read_text())

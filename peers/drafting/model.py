@@ -1,0 +1,99 @@
+"""A stand-alone draft model of the target's family, with its own KV cache."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from ..sampling import draw, pad_vocab, position_generator
+from .base import Drafter, common_prefix
+
+
+class ModelDrafter(Drafter):
+    """A small causal LM with its own KV cache. The cache follows the context by longest common prefix, so a
+    rejected branch is cropped away and, after a fully accepted round, the last drafted token is processed too."""
+
+    def __init__(self, model_dir: Path, target_vocab: int, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 name: str | None = None, static: bool | None = None, max_len: int = 4096, model=None):
+        from transformers import AutoModelForCausalLM, StaticCache
+
+        from ..shard import rollback_cache
+
+        # `model`: one already built (a distilled draft is assembled from its own and its target's tensors)
+        model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        self.model = model.to(device).eval()
+        self.name = name or Path(model_dir).name
+        self.device = device
+        self.target_vocab = target_vocab
+        self.draft_vocab = self.model.get_input_embeddings().num_embeddings
+        cfg = self.model.config
+        self.static = str(device).startswith("cuda") if static is None else static
+        # On CUDA one-token steps dominate and Python kernel launches dominate them: a static cache (fixed
+        # addresses; crop just moves its length back) lets torch.compile capture each step as a CUDA graph.
+        self.max_len = min(max_len, getattr(cfg, "max_position_embeddings", max_len))
+        self.cache = StaticCache(config=cfg, max_cache_len=self.max_len) if self.static else rollback_cache(cfg)
+        self.step = self.model
+        if self.static and str(device).startswith("cuda"):
+            self.step = torch.compile(self.model, mode="reduce-overhead", fullgraph=False)
+        self.seen: list[int] = []  # tokens whose keys and values are in self.cache
+        self.next_logits: torch.Tensor | None = None  # logits after the last token of self.seen
+
+    def reset(self) -> None:
+        self.cache.crop(-len(self.seen)) if self.seen else None
+        self.seen, self.next_logits = [], None
+
+    @torch.inference_mode()
+    def _feed(self, tokens: list[int]) -> None:
+        # an id only the target has (its padded rows) has no embedding here: the draft reads it as id 0
+        v = self.draft_vocab
+        ids = torch.tensor([[t if t < v else 0 for t in tokens]], device=self.device)
+        if self.static and len(self.seen) + len(tokens) > self.max_len:
+            raise ValueError(f"the draft's static cache holds {self.max_len} positions")
+        run = self.step if len(tokens) == 1 else self.model  # prefills vary in shape: not worth a graph
+        out = run(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+        self.seen += tokens
+        self.next_logits = out.logits[0, -1].float()
+
+    def _sync(self, context: list[int]) -> None:
+        common = common_prefix(context, self.seen)
+        if common == len(context):  # context is a prefix of what we saw: recompute its last position
+            common -= 1
+        if common < len(self.seen):
+            self.cache.crop(common - len(self.seen))
+            self.seen = self.seen[:common]
+        self._feed(context[common:])
+
+    @torch.inference_mode()
+    def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
+        if n <= 0:
+            return [], None
+        t0 = time.perf_counter()
+        self._sync(context)
+        tokens, qs = [], []
+        for _ in range(n):
+            logits = self.next_logits
+            if params.greedy:
+                tok = int(logits.argmax())
+            else:
+                q = pad_vocab(params.probs(logits[None])[0], self.target_vocab)
+                gen = position_generator(params.seed, len(context) + len(tokens), stream=0)
+                tok = draw(q, gen)
+                qs.append(q)
+            tokens.append(tok)
+            if len(tokens) == n or (stop is not None and stop.is_set()):
+                break
+            self._feed([tok])
+        self._measure(time.perf_counter() - t0, len(tokens))
+        return tokens, (torch.stack(qs) if qs else None)
+
+
+def check_same_tokenizer(target_tok, draft_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from ..models import ModelError
+
+    draft_tok = AutoTokenizer.from_pretrained(draft_dir)
+    probe = "Hello, world! 1234 def f(x): return x**2 — ünïcödé 你好"
+    if target_tok.get_vocab() != draft_tok.get_vocab() or target_tok.encode(probe) != draft_tok.encode(probe):
+        raise ModelError(f"the draft {draft_dir.name} does not use the target's tokenizer; pick a draft of the same family")
