@@ -92,8 +92,8 @@ class KPolicy:
 
     def pass_ms(self, positions: int) -> float:
         """What a pass carrying `positions` costs: as measured where passes of that size were seen (on a CPU the
-        cost steps up where the matrix kernels change, so one line through all sizes misprices the step), else
-        from the fitted line."""
+        cost steps up where the matrix kernels change, so no straight line fits it; `python scripts/pass_cost.py`),
+        else from the fitted line."""
         if positions in self.passes:
             return self.passes[positions]
         return self.base_ms + self.verify_ms * (positions - 1)

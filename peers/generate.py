@@ -61,6 +61,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
         if should_stop is not None and should_stop():
             finish = "stopped"
             break
+        epoch = host.epoch  # the plan this round starts under: a failure is recovered from once per plan
         try:
             r, new, at_eos = await speculation.round(tokens, max_new_tokens - (len(tokens) - start))
         except RingError as failure:
@@ -70,7 +71,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             log.warning("ring pass failed (%s); re-planning and replaying", failure)
             if on_round is not None:
                 on_round({"event": "recovering", "error": str(failure)})
-            await host.recover()
+            await host.recover(epoch)
             speculation.ahead = None
             continue
         retries = 0

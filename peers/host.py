@@ -79,8 +79,8 @@ class Host:
     async def replan(self) -> None:
         await self.planner.replan(self.port)
 
-    async def recover(self) -> None:
-        await self.planner.recover(self.port)
+    async def recover(self, failed_epoch: int) -> None:
+        await self.planner.recover(self.port, failed_epoch)
 
     def _joined(self) -> None:
         if self.auto_replan:
@@ -167,7 +167,7 @@ class Host:
         The frame carries `committed`, the positions every stage keeps; each stage first trims its cache to it
         (the rollback rule), so a failed or repeated pass is harmless. `parents`: the drafts form a tree
         (peers/tree.py), not a chain. Returns (logits [K+1, vocab], timing)."""
-        async with self.planner.lock:  # no re-plan in the middle of a pass
+        async with self.planner.gate.share():  # other conversations' passes may be in flight too; no re-plan
             return await self._forward(s, tokens, drafts, sent, parents)
 
     async def _forward(self, s: RingSession, tokens: list[int], drafts: list[int],

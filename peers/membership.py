@@ -39,6 +39,7 @@ class Member:
     rss: int = 0  # memory in use (resident set on a CPU, allocated tensors on a GPU), as last reported
     peak: int = 0  # the most it has used
     tls_fingerprint: str = ""
+    sessions: int = 0  # conversations whose caches it holds (as of its last pong)
     rss_before: int = 0  # before it loaded its span: rss - rss_before is what the span costs
     last_seen: float = field(default_factory=time.monotonic)
     ready: trio.Event = field(default_factory=trio.Event)
@@ -49,7 +50,8 @@ class Member:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
                 "layers": str(self.span) if self.span else "", "state": self.state,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
-                "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes}
+                "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes,
+                "conversations": self.sessions}
 
     def reported(self, msg: dict) -> None:
         """Take the memory figures a pong or ready carries."""
@@ -172,6 +174,7 @@ class Roster:
 def _pong(m: Member, msg: dict) -> None:
     if isinstance(msg.get("n"), float):  # our own perf_counter from the ping
         m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
+        m.sessions = int(msg.get("sessions") or 0)
         m.reported(msg)
 
 

@@ -6,6 +6,7 @@ Data link from the previous hop: fwd frames in, computed fwd frames out to the n
 from __future__ import annotations
 
 import logging
+from collections import deque
 from functools import partial
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ class Peer:
         self.shard_dir = None
         self.epoch = -1
         self.sessions: dict[str, object] = {}
+        # conversations the host ended: a frame of theirs still on its way (the drop on the control link overtook
+        # it) must not bring their caches back
+        self.dropped: deque[str] = deque(maxlen=256)
         self.next: Channel | None = None
         self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
         self.assign_lock = trio.Lock()
@@ -95,13 +99,14 @@ class Peer:
 
     async def _control(self, ctl: Channel, nursery) -> None:
         async def ping(msg: dict) -> None:
-            await ctl.send({"t": "pong", "n": msg.get("n"), **self._memory()})
+            await ctl.send({"t": "pong", "n": msg.get("n"), "sessions": len(self.sessions), **self._memory()})
 
         async def assign(msg: dict) -> None:  # loading takes a while: keep answering pings meanwhile
             nursery.start_soon(self._take_assignment, ctl, msg)
 
         async def drop(msg: dict) -> None:
             self.sessions.pop(str(msg.get("sid")), None)
+            self.dropped.append(str(msg.get("sid")))
             self._changed(sessions=len(self.sessions))
 
         try:
@@ -215,6 +220,8 @@ class Peer:
         if msg["epoch"] != self.epoch:  # a frame of an older plan: the host will replay
             return await self._fail(msg, f"{self.name} is not on plan {msg['epoch']} but {self.epoch}")
         sid = msg["sid"]
+        if sid in self.dropped:
+            return
         s = self.sessions.get(sid)
         if s is None:
             s = self.sessions[sid] = shard.new_session()

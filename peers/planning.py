@@ -18,6 +18,7 @@ from .channel import Channel, ChannelClosed
 from .errors import FitError, RingError
 from .fingerprint import span_fingerprint
 from .membership import Member, Roster
+from .pass_gate import PassGate
 from .memory import free_bytes
 from .plan import QUANT_BYTES, ModelSize, Offer, plan
 from .shard import Shard
@@ -53,7 +54,7 @@ class Planner:
         self.ring: list[Member] = []  # members with layers, in pass order
         self.epoch = 0
         self.first_hop: Channel | None = None
-        self.lock = trio.Lock()  # a pass holds it too: no re-plan in the middle of a pass
+        self.gate = PassGate()  # passes share the ring, a re-plan waits for them and has it alone
         self.drafter_bytes = 0  # what a drafter built before the plan holds on the host
 
     def host_offer(self) -> int:
@@ -66,10 +67,16 @@ class Planner:
             Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
                   m.quant if m.quant in QUANT_BYTES else "none") for m in live]
 
-    async def replan(self, host_port: int) -> None:
+    def healthy(self) -> bool:
+        return all(m.state == "ready" for m in self.ring)
+
+    async def replan(self, host_port: int, *, unless_past: int | None = None) -> None:
         """Split the layers over the host and every live member, load, and wire the ring; a member that runs out
-        of memory loading its span is left out and the rest planned again."""
-        async with self.lock:
+        of memory loading its span is left out and the rest planned again. `unless_past`: a failed pass's epoch;
+        nothing to do if another conversation's recovery has re-formed the ring since."""
+        async with self.gate.alone():
+            if unless_past is not None and self.epoch > unless_past and self.healthy():
+                return
             while not await self._replan(host_port):
                 pass
 
@@ -138,13 +145,14 @@ class Planner:
         except RingError as e:
             log.error("re-plan failed: %s", e)
 
-    async def recover(self, host_port: int, attempts: int = 5) -> None:
-        """After a failed pass: re-plan over the members still alive (the host takes what is left, as memory
-        allows); each session then replays its committed tokens in one prefill on its next pass."""
+    async def recover(self, host_port: int, failed_epoch: int, attempts: int = 5) -> None:
+        """After a pass under `failed_epoch` failed: re-plan over the members still alive (the host takes what is
+        left, as memory allows); each session then replays its committed tokens in one prefill on its next pass.
+        Every conversation in flight sees the failure; the first to get here re-plans for all of them."""
         for i in range(attempts):
             await trio.sleep(0.2 * (i + 1))
             try:
-                return await self.replan(host_port)
+                return await self.replan(host_port, unless_past=failed_epoch)
             except FitError:  # the members left cannot hold the model: no retry helps
                 raise
             except RingError as e:  # a member failed while loading: it is excluded from the next plan

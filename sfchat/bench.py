@@ -41,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", help="a file with one prompt per line (default: three built-in prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3, help="timed runs of every prompt per mode; tokens/s is their median")
-    p.add_argument("--modes", default=",".join(MODES), help="a subset of " + ",".join(MODES))
+    p.add_argument("--modes", help="a subset of " + ",".join(MODES) + " (default: all, or none with --clients)")
+    p.add_argument("--clients", metavar="N,N…", help="also serve the endpoint and measure this many concurrent "
+                   "clients over HTTP (aggregate and per-client tokens/s, time to first token); e.g. 1,2,4,8")
     p.add_argument("--json", metavar="OUT", help="also write the results to this JSON file")
 
 
@@ -67,6 +69,7 @@ class Row:
     mode: str
     rtt_ms: float
     runs: list[Sample] = field(default_factory=list)
+    members: list[dict] = field(default_factory=list)  # a ring's members and their memory after the runs
 
     def to_dict(self) -> dict:
         total = Sample()
@@ -85,22 +88,29 @@ class Row:
                 "network_ms_per_round": round(total.network_ms / total.rounds, 3) if total.rounds else None,
                 "ceiling_tokens_per_second": round(ceiling, 3) if ceiling else None,
                 "fraction_of_ceiling": round(tps / ceiling, 4) if ceiling else None,
-                "tokens": total.tokens, "rounds": total.rounds, "runs": len(self.runs)}
+                "tokens": total.tokens, "rounds": total.rounds, "runs": len(self.runs),
+                **({"members": self.members} if self.members else {})}
 
 
 # --- one process: plain transformers ------------------------------------------------------------------------
 
 class ForwardTimer:
-    """Times every forward call of a module (hooks), so compute per round is measured, not assumed."""
+    """Times every forward call of a module (hooks), so compute per round is measured, not assumed; on a GPU the
+    device's queue is drained at both ends, so the time is the kernels' and not their launch."""
 
-    def __init__(self, model):
+    def __init__(self, model, device: str = "cpu"):
+        from peers import device as dev
+
         self.calls, self.ms, self._t0 = 0, 0.0, 0.0
+        self.finish = (lambda: dev.finish(device)) if device.startswith("cuda") else (lambda: None)
         self.handles = [model.register_forward_pre_hook(self._pre), model.register_forward_hook(self._post)]
 
     def _pre(self, *a):
+        self.finish()
         self._t0 = time.perf_counter()
 
     def _post(self, *a):
+        self.finish()
         self.calls += 1
         self.ms += (time.perf_counter() - self._t0) * 1e3
 
@@ -146,10 +156,14 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
 
     from peers.chat import render
     from peers import models
+    from peers import device as dev
+    from peers.memory import default_device
     from peers.tensors import DTYPES
 
+    # the baseline runs where the ring runs, in its dtype: the same device makes the ratio mean something
+    device = args.device or default_device()
     dt = DTYPES[args.dtype]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).to(device).eval()
     assistant, extra = None, {}
     if "transformers-assisted" in modes:
         from peers.drafting import is_distilled
@@ -160,19 +174,21 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
             # transformers cannot run a draft that reads the target's features: it gets prompt lookup instead
             extra = {"prompt_lookup_num_tokens": 10}
         else:
-            assistant = AutoModelForCausalLM.from_pretrained(models.resolve(args.draft), dtype=dt).eval()
+            assistant = AutoModelForCausalLM.from_pretrained(models.resolve(args.draft), dtype=dt).to(device).eval()
             extra = {"assistant_model": assistant}
-    inputs = [torch.tensor([render(tokenizer, [{"role": "user", "content": p}])]) for p in prompts]
+    inputs = [torch.tensor([render(tokenizer, [{"role": "user", "content": p}])], device=device) for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def one(ids, kw, max_new, sample: Sample | None) -> None:
-        timers = [ForwardTimer(m) for m in (model, assistant) if m is not None and (m is model or kw)]
+        timers = [ForwardTimer(m, device) for m in (model, assistant) if m is not None and (m is model or kw)]
         record: list = []
         try:
             with count_candidates(record), torch.inference_mode():
+                dev.finish(device)
                 t0 = time.perf_counter()
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
                                      pad_token_id=pad, **kw)
+                dev.finish(device)
                 seconds = time.perf_counter() - t0
         finally:
             for t in timers:
@@ -269,6 +285,8 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
                         await one(prompt, args.max_new_tokens, sample)
                         advance(f"{mode} at {rtt_ms:g} ms: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
                     row.runs.append(sample)
+                row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes")}
+                               for m in ring.host.members_info() if m["state"] != "lost"]
                 rows.append(row)
     return rows
 
@@ -292,7 +310,7 @@ def machine_info() -> dict:
 
 
 def checks(rows: list[dict]) -> list[str]:
-    """The issue's targets, as measured (informational: the numbers are what they are)."""
+    """The ratios that matter, as measured: ring-spec over ring at each RTT, ring over transformers at 0 ms."""
     at = {(r["mode"], r["rtt_ms"]): r for r in rows}
     out = []
     for (mode, rtt), r in sorted(at.items(), key=lambda kv: kv[0][1]):
@@ -340,8 +358,13 @@ async def bench(args) -> int:
     from peers import models
     from peers.chat import load_tokenizer
 
+    from . import bench_serve
+
     rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    clients = [int(x) for x in args.clients.split(",") if x.strip()] if args.clients else []
+    if any(n < 1 for n in clients):
+        raise ValueError("--clients takes counts of 1 or more")
+    modes = [m.strip() for m in (args.modes or ("" if clients else ",".join(MODES))).split(",") if m.strip()]
     if bad := [m for m in modes if m not in MODES]:
         raise ValueError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
     if args.draft == "none":
@@ -356,7 +379,7 @@ async def bench(args) -> int:
     tokenizer = load_tokenizer(model_dir)
     n_tf = sum(m.startswith("transformers") for m in modes)
     n_ring = sum(m.startswith("ring") for m in modes)
-    total = args.runs * len(prompts) * (n_tf + n_ring * len(rtts))
+    total = args.runs * len(prompts) * (n_tf + n_ring * len(rtts)) + args.runs * len(clients) * len(rtts)
     err = Console(stderr=True)
     logging.getLogger("sfchat.host").setLevel(logging.ERROR)  # closing each ring "loses" its members: not news
     rows: list[Row] = []
@@ -372,9 +395,16 @@ async def bench(args) -> int:
         if n_ring:
             for rtt in rtts:
                 rows += await ring_rows(args, rtt, prompts, modes, advance)
+        serving = []
+        for rtt in rtts if clients else []:
+            serving += await bench_serve.serving_rows(args, rtt, clients, prompts, advance)
     out = [r.to_dict() for r in rows]
-    print_tables(out, rtts, Console(width=None if sys.stdout.isatty() else 110))
-    notes = checks(out)
+    console = Console(width=None if sys.stdout.isatty() else 110)
+    if out:
+        print_tables(out, rtts, console)
+    if serving:
+        bench_serve.print_table(serving, console)
+    notes = checks(out) + bench_serve.checks(serving)
     for line in notes:
         print(line)
     if args.json:
@@ -382,7 +412,7 @@ async def bench(args) -> int:
                "config": {"model": args.model or models.DEFAULT_MODEL, "draft": draft_label(args.draft, model_dir),
                           "dtype": args.dtype, "local_peers": args.local_peers, "rtt_ms": rtts, "runs": args.runs,
                           "max_new_tokens": args.max_new_tokens, "prompts": prompts},
-               "rows": out, "checks": notes}
+               "rows": out, "serving_rows": serving, "checks": notes}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     return 0

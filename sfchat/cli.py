@@ -19,6 +19,7 @@ from . import __version__
 
 MODEL_HELP = "a model directory, a hub id in the local Hugging Face cache, a .gguf file, or smollm2-135m"
 TOKEN_ENV = "SFCHAT_TOKEN"
+SERVE_DEFAULT = "127.0.0.1:8000"
 DRAFT_HELP = "auto (on: the best known), none (off), ngram (prompt lookup), or a draft model (same names as --model)"
 
 
@@ -98,6 +99,15 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="seed of the sampling (default: random)")
 
 
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--insecure-no-key", action="store_true", help="allow serving beyond loopback without --api-key")
+    p.add_argument("--max-conversations", type=at_least(1), metavar="N",
+                   help="answers generated at once; more wait in line (default: what the ring's free memory holds)")
+    p.add_argument("--keep-alive-s", type=in_range(0.01, 3600), default=10.0, metavar="S",
+                   help="a keep-alive comment to a streaming client after S seconds without news (queue, prefill)")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = Parser(prog="sfchat", description="Chat with one language model split across machines.")
     ap.add_argument("--version", action="version", version=f"sfchat {__version__}")
@@ -132,10 +142,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls", action="store_true", help="encrypt every ring link (self-signed, pinned by the invite)")
     p.add_argument("--resume", nargs="?", const="last", metavar="CHAT",
                    help="reopen the latest saved chat, or the one named (the TUI)")
+    p.add_argument("--serve", nargs="?", const=SERVE_DEFAULT, metavar="HOST:PORT",
+                   help=f"also serve the OpenAI-compatible endpoint (on {SERVE_DEFAULT} if no address is given)")
+    _serve_args(p)
     p.set_defaults(temperature=None)  # unset: the user's setting (`sfchat config`), 0.7 out of the box
     for a in p._actions:
         if a.dest == "temperature":
             a.help = "sampling temperature; 0 is greedy (default: your setting, 0.7 out of the box)"
+
+    p = command("serve", "host a ring and serve it as an OpenAI-compatible endpoint (headless)")
+    _model_args(p)
+    _gen_args(p)
+    p.add_argument("--listen", dest="serve", default=SERVE_DEFAULT, metavar="HOST:PORT",
+                   help="where the endpoint listens")
+    p.add_argument("--ring-listen", dest="listen", default="127.0.0.1:7340", metavar="HOST:PORT",
+                   help="HOST:PORT to accept members on (0.0.0.0 for a LAN)")
+    p.add_argument("--advertise", metavar="HOST[:PORT]", help="the address the invite names (default: the ring "
+                   "listen address, or for 0.0.0.0 this machine's outward address)")
+    p.add_argument("--token", help="join token (default: a random one)")
+    p.add_argument("--wait-peers", type=at_least(0), default=0, metavar="N", help="wait for N joiners before serving")
+    p.add_argument("--relay", metavar="HOST:PORT", help="also be reachable through this relay (the invite uses it)")
+    p.add_argument("--tls", action="store_true", help="encrypt every ring link (self-signed, pinned by the invite)")
+    _serve_args(p)
 
     p = command("config", "print the path of the settings file (written with defaults if missing)")
 
@@ -218,6 +246,10 @@ def cmd_host(args) -> int:
     from . import settings
 
     settings.apply_to_args(args, settings.load())
+    if args.serve:
+        from .serve.command import check_args
+
+        check_args(args)
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
         if args.resume:
             raise ValueError("--resume reopens a chat on the chat screen: run it in a terminal, without --headless")
@@ -244,6 +276,13 @@ def cmd_join(args) -> int:
 
     say(trio.run(join_ring, args, say))
     return 0
+
+
+def cmd_serve(args) -> int:
+    from .serve.command import check_args, serve_command
+
+    check_args(args)
+    return trio.run(serve_command, args)
 
 
 def cmd_config(args) -> int:
@@ -274,8 +313,8 @@ def cmd_distill(args) -> int:
     return run(args)
 
 
-COMMANDS = {"pull": cmd_pull, "ask": cmd_ask, "host": cmd_host, "join": cmd_join, "config": cmd_config,
-            "relay": cmd_relay, "bench": cmd_bench, "distill": cmd_distill}
+COMMANDS = {"pull": cmd_pull, "ask": cmd_ask, "host": cmd_host, "serve": cmd_serve, "join": cmd_join,
+            "config": cmd_config, "relay": cmd_relay, "bench": cmd_bench, "distill": cmd_distill}
 
 
 def finite(x):

@@ -19,6 +19,7 @@ from . import settings as settings_mod
 from . import store
 from .ask import length_note
 from .runtime import build_host, invite_for, new_drafter, open_ring
+from .serve.command import serving_beside
 from .tui.commands import HELP, CommandError, parse
 
 SCREEN_ONLY = ("chats", "copy")
@@ -70,7 +71,7 @@ class RingWatch:
             before = self.states.get(m.id)
             if before is None:
                 self.lines.say(f"+ member {m.id} ({m.name}) joined from {m.data_addr} ({m.device})")
-            if m.state == "lost" and before != "lost" and not self.host.closing:
+            if m.state == "lost" and before != "lost" and not self.host.roster.closing:
                 self.lines.say(f"- member {m.id} ({m.name}) lost: {m.error or 'its connection closed'}")
             self.states[m.id] = m.state
         if self.host.epoch != self.epoch and self.host.epoch > 1:
@@ -101,69 +102,70 @@ async def _repl(args, lines: Lines) -> int:
         drafter = new_drafter(args.draft, ring, say=lines.say)
         chat = Chat(host, ring.tokenizer, ring.eos)
         policy = KPolicy(pinned=args.k)
-        while True:
-            sys.stderr.write("> ")
-            sys.stderr.flush()
-            line = await trio.to_thread.run_sync(sys.stdin.readline)
-            if not line:
-                return 0
-            text = line.strip()
-            if not text:
-                continue
-            if text.startswith("/"):
-                try:
-                    cmd = parse(text)
-                except CommandError as e:
-                    lines.say(str(e))
-                    continue
-                if cmd.name == "quit":
+        async with serving_beside(ring, drafter, args, say=lines.say):  # with --serve
+            while True:
+                sys.stderr.write("> ")
+                sys.stderr.flush()
+                line = await trio.to_thread.run_sync(sys.stdin.readline)
+                if not line:
                     return 0
-                if cmd.name == "new":
-                    await host.drop(chat.rs)
-                    chat = Chat(host, ring.tokenizer, ring.eos)
-                    lines.say("New chat.")
-                elif cmd.name == "draft":
+                text = line.strip()
+                if not text:
+                    continue
+                if text.startswith("/"):
                     try:
-                        drafter = await trio.to_thread.run_sync(
-                            lambda: new_drafter(cmd.value, ring, say=lines.say))
-                    except Exception as e:  # noqa: BLE001 - a draft that does not load is not saved
-                        lines.say(f"/draft: cannot use {cmd.value}: {e}")
+                        cmd = parse(text)
+                    except CommandError as e:
+                        lines.say(str(e))
                         continue
-                    s.draft = cmd.value
-                    lines.say(f"draft {drafter.name}; saved in {settings_mod.save(s)}")
-                elif cmd.name == "k":
-                    s.k = cmd.value
-                    policy.pinned = s.k_pinned
-                    lines.say(f"K {s.k}; saved in {settings_mod.save(s)}")
-                elif cmd.name == "temp":
-                    s.temperature = args.temperature = cmd.value
-                    lines.say(f"temperature {cmd.value:g}; saved in {settings_mod.save(s)}")
-                elif cmd.name == "invite":
-                    lines.say(invite_for(args, host))
-                elif cmd.name == "help":
-                    lines.say("\n".join(f"  {c:<28} {what}" for c, what in HELP if c.split()[0][1:] not in SCREEN_ONLY))
-                elif cmd.name == "save":
-                    lines.say(export(chat, cmd.value))
-                else:
-                    lines.say(f"/{cmd.name} works on the chat screen only (sfchat host without --headless)")
-                continue
-            params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-            lines.begin()
-            try:
-                _, result = await chat.reply(text, drafter=drafter, params=params, policy=policy,
-                                             max_new_tokens=args.max_new_tokens,
-                                             on_text=lambda d: (sys.stdout.write(d), sys.stdout.flush()))
-            except ValueError as e:  # a prompt past the context: refused, the chat goes on
+                    if cmd.name == "quit":
+                        return 0
+                    if cmd.name == "new":
+                        await host.drop(chat.rs)
+                        chat = Chat(host, ring.tokenizer, ring.eos)
+                        lines.say("New chat.")
+                    elif cmd.name == "draft":
+                        try:
+                            drafter = await trio.to_thread.run_sync(
+                                lambda: new_drafter(cmd.value, ring, say=lines.say))
+                        except Exception as e:  # noqa: BLE001 - a draft that does not load is not saved
+                            lines.say(f"/draft: cannot use {cmd.value}: {e}")
+                            continue
+                        s.draft = cmd.value
+                        lines.say(f"draft {drafter.name}; saved in {settings_mod.save(s)}")
+                    elif cmd.name == "k":
+                        s.k = cmd.value
+                        policy.pinned = s.k_pinned
+                        lines.say(f"K {s.k}; saved in {settings_mod.save(s)}")
+                    elif cmd.name == "temp":
+                        s.temperature = args.temperature = cmd.value
+                        lines.say(f"temperature {cmd.value:g}; saved in {settings_mod.save(s)}")
+                    elif cmd.name == "invite":
+                        lines.say(invite_for(args, host))
+                    elif cmd.name == "help":
+                        lines.say("\n".join(f"  {c:<28} {what}" for c, what in HELP if c.split()[0][1:] not in SCREEN_ONLY))
+                    elif cmd.name == "save":
+                        lines.say(export(chat, cmd.value))
+                    else:
+                        lines.say(f"/{cmd.name} works on the chat screen only (sfchat host without --headless)")
+                    continue
+                params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+                lines.begin()
+                try:
+                    _, result = await chat.reply(text, drafter=drafter, params=params, policy=policy,
+                                                 max_new_tokens=args.max_new_tokens,
+                                                 on_text=lambda d: (sys.stdout.write(d), sys.stdout.flush()))
+                except ValueError as e:  # a prompt past the context: refused, the chat goes on
+                    lines.end()
+                    lines.say(f"refused: {e}")
+                    continue
+                print(flush=True)
                 lines.end()
-                lines.say(f"refused: {e}")
-                continue
-            print(flush=True)
-            lines.end()
-            if chat.dropped:
-                lines.say(f"(dropped the {chat.dropped} oldest message(s) to fit the model's context)")
-            if result.finish == "length":
-                lines.say(length_note(args.max_new_tokens, len(result.token_ids)).replace(
-                    "--max-new-tokens", "--max-new-tokens when starting the host"))
+                if chat.dropped:
+                    lines.say(f"(dropped the {chat.dropped} oldest message(s) to fit the model's context)")
+                if result.finish == "length":
+                    lines.say(length_note(args.max_new_tokens, len(result.token_ids)).replace(
+                        "--max-new-tokens", "--max-new-tokens when starting the host"))
 
 
 def export(chat: Chat, target: str | None) -> str:

@@ -43,3 +43,15 @@ def sliding_qwen2(tmp_path_factory):
 def smollm2():
     from peers import models
     return models.resolve("smollm2-135m", say=lambda *a: None)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` run where a GPU is (scripts/gpu_check); elsewhere they skip, saying why."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (scripts/gpu_check runs these)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from helpers import sfchat
 from sfchat.bench import Row, Sample
@@ -26,9 +27,11 @@ def test_bench_runs_every_mode(tiny_llama, tmp_path):
                "--prompts", str(prompts), "--json", str(out), timeout=120)
     assert "RTT 10 ms" in p.stdout and "ring-spec" in p.stdout and "transformers-assisted" in p.stdout
     doc = json.loads(out.read_text())
-    assert doc["machine"]["cores"] >= 1 and doc["config"]["draft"] == "ngram"
+    assert doc["machine"]["cores"] == os.cpu_count() and doc["config"]["draft"] == "ngram"
     got = {(r["mode"], r["rtt_ms"]) for r in doc["rows"]}
     assert got == {("transformers", 0), ("transformers-assisted", 0), ("ring", 10), ("ring-spec", 10)}
     for r in doc["rows"]:
-        assert r["tokens_per_second"] > 0 and r["tokens_per_round"] >= 1 and r["ceiling_tokens_per_second"] > 0
+        assert r["tokens_per_second"] > 0 and r["ceiling_tokens_per_second"] > 0
+        # one token a round without a draft; a speculative round commits its accepted drafts and one more
+        assert r["tokens_per_round"] == 1.0 if r["mode"] in ("transformers", "ring") else r["tokens_per_round"] >= 1
         assert {"acceptance", "fraction_of_ceiling", "compute_ms_per_round"} <= r.keys()

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -140,11 +141,16 @@ def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay):
     try:
         trio.run(main)
         joiner = procs[0]
-        if stay:
-            time.sleep(1)
-            assert joiner.poll() is None  # still waiting for the host to come back
+        seen = ""
+        if stay:  # once it says it waits for the host a second time, it is still there, waiting
+            watchdog = threading.Timer(60, joiner.kill)  # (a joiner that never says it ends the read)
+            watchdog.start()
+            while seen.count("waiting for it to come back") < 2 and (line := joiner.stderr.readline()):
+                seen += line
+            watchdog.cancel()
+            assert joiner.poll() is None, seen
             joiner.terminate()
-        err = joiner.communicate(timeout=60)[1]
+        err = seen + joiner.communicate(timeout=60)[1]
     finally:
         for p in procs:
             p.kill()

@@ -120,8 +120,10 @@ def test_speculation_with_the_draft_is_exact(drafts, tiny_llama):
     kept = set(json.loads((drafts["trained"] / "draft_vocab.json").read_text()))
     assert q.shape == (3, 300) and torch.allclose(q.sum(-1), torch.ones(3))
     assert set(tokens) <= kept and set(q.nonzero()[:, 1].tolist()) <= kept
-    r = trio.run(lambda: _answer(tiny_llama, str(drafts["trained"]), k=3, params=SamplingParams(0.8, seed=5)))
-    assert len(r.token_ids) > 0
+    runs = [trio.run(lambda: _answer(tiny_llama, str(drafts["trained"]), k=3, params=SamplingParams(0.8, seed=5)))
+            for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) == 24  # seeded: reproducible
+    assert runs[0].stats.drafted > 0
 
 
 def test_features_of_rejected_drafts_are_never_read(drafts, tiny_llama):
@@ -313,7 +315,7 @@ def test_a_confidence_floor_ends_a_draft_where_the_draft_stops_being_sure(drafts
     floor = (sure[2] + sure[3]) / 2 if sure[3] < sure[2] else sure[3]  # between the 3rd and the 4th
     cut, _ = d.propose(ids, 8, SamplingParams(), floor=floor)
     assert cut == tokens[: len(cut)] and d.confidence == pytest.approx(sure[: len(cut)])
-    assert d.confidence[-1] < floor or len(cut) == 8
+    assert len(cut) == next((i + 1 for i, s in enumerate(sure) if s < floor), 8)  # up to the first below the floor
     assert all(s >= floor for s in d.confidence[:-1])
     d.propose(ids, 3, SamplingParams(), prior=0.5)
     assert d.confidence == pytest.approx([s / 2 for s in sure[:3]])

@@ -1,7 +1,7 @@
 """Model resolution: clear one-line errors, never a download from a hub."""
 import os
 
-from helpers import sfchat
+from helpers import reference_ids, sfchat
 
 
 def test_offline_with_nothing_cached_names_sfchat_pull(tmp_path, monkeypatch):
@@ -29,5 +29,5 @@ def test_hub_id_in_the_local_cache_is_found(tiny_llama, tmp_path, monkeypatch):
     (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("abc123")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     from helpers import ask_json
-    got = ask_json("hello", "--model", "acme/tiny", "--max-new-tokens", "4", "--draft", "none")
-    assert len(got["token_ids"]) > 0
+    got = ask_json("hello", "--model", "acme/tiny", "--max-new-tokens", "4", "--draft", "none", "--temperature", "0")
+    assert got["token_ids"] == reference_ids(tiny_llama, "hello", 4)  # the cached snapshot is the model that ran

@@ -8,7 +8,7 @@ import trio
 from helpers import new_chat, reference_ids, running_ring
 from peers import checkpoint
 from peers.adaptive import KPolicy
-from peers.drafters import Drafter
+from peers.drafting import Drafter
 from peers.errors import FitError
 from peers.plan import ModelSize, Offer, host_bytes, layer_bytes, pass_bytes
 from peers.sampling import SamplingParams

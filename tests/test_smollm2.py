@@ -3,6 +3,8 @@ import pytest
 
 from helpers import ROOT, ask_json, reference_ids
 
+pytestmark = pytest.mark.slow  # every test here runs the real SmolLM2
+
 PROMPT = "Explain quantum entanglement in simple terms."
 N = 40
 DRAFT = str(ROOT / "peers" / "drafting" / "shipped" / "smollm2-135m")

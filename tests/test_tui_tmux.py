@@ -8,6 +8,7 @@ from helpers import ROOT
 
 
 @pytest.mark.slow
+@pytest.mark.tmux
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_tmux_session(smollm2):
     p = subprocess.run(["bash", str(ROOT / "scripts" / "tmux_check.sh")], cwd=ROOT, capture_output=True, text=True,

@@ -7,6 +7,7 @@ however many tokens were drafted ahead while a round was on the wire.
 """
 from __future__ import annotations
 
+import copy
 import threading
 
 import torch
@@ -40,6 +41,10 @@ class Drafter:
         reckoning) that the target accepts it and every draft before it, times `prior` (the chance of the drafts
         this call continues); it stops after the first token whose chance falls below `floor`."""
         return [], None
+
+    def fork(self) -> "Drafter":
+        """A drafter for another conversation running at the same time: the same weights, its own state."""
+        return copy.copy(self)
 
     def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
         """After a ring pass: the tokens at positions start.. and the target's final hidden states there (for

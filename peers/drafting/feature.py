@@ -1,6 +1,7 @@
 """The feature drafter: drafts chains and trees from the target's own final hidden states (feature_net.py)."""
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -56,18 +57,28 @@ class FeatureDrafter(Drafter):
         self.to_target = torch.tensor(ids, device=device)
         self.to_row = {t: i for i, t in enumerate(ids)}
         self.new_cache = lambda: rollback_cache(cfg)
+        self.hidden_size = cfg.hidden_size
+        self.copy = True  # copy where the context repeats (off: the feature draft alone, to measure it)
+        self._start_conversation()
+
+    def _start_conversation(self) -> None:
+        """The state that follows one conversation (everything but the weights)."""
         self.cache = self.new_cache()
         # the target's features at positions 0..n_feats-1, in a buffer that grows by doubling (observe runs
         # every round: appending must not copy the whole conversation each time)
-        self.feats = torch.zeros(256, cfg.hidden_size, device=device)
+        self.feats = torch.zeros(256, self.hidden_size, device=self.device)
         self.n_feats = 0
         self.feat_ids: list[int] = []  # the token at each of those positions
         self.blind = 0  # leading positions never seen (the draft joined mid-conversation): their features are zeros
         self.cache_next: list[int] = []  # x_{t+1} behind cache index t
         self.true_len = 0
         self.lock = threading.Lock()  # observe (trio thread) never overlaps a proposal (worker thread)
-        self.copy = True  # copy where the context repeats (off: the feature draft alone, to measure it)
         self.confidence: list[float] = []
+
+    def fork(self) -> "FeatureDrafter":
+        d = copy.copy(self)  # the same weights
+        d._start_conversation()
+        return d
 
     def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
         with self.lock:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -36,10 +37,19 @@ class ModelDrafter(Drafter):
         self.step = self.model
         if self.static and str(device).startswith("cuda"):
             self.step = torch.compile(self.model, mode="reduce-overhead", fullgraph=False)
+        # a CUDA graph is captured and replayed by one thread (pytorch#123177), and trio's worker threads are
+        # many: every step of a static draft runs on a thread of its own
+        self.graph_thread = ThreadPoolExecutor(1, thread_name_prefix="draft-graph") if self.static else None
         self.seen: list[int] = []  # tokens whose keys and values are in self.cache
         self.next_logits: torch.Tensor | None = None  # logits after the last token of self.seen
 
-    def reset(self) -> None:
+    def fork(self) -> "ModelDrafter":
+        # eager, on a cache of its own: compiling and capturing graphs again for every conversation costs more
+        # than a short answer gains from them
+        return ModelDrafter(None, self.target_vocab, device=self.device, name=self.name, static=False,
+                            max_len=self.max_len, model=self.model)
+
+    def _reset(self) -> None:
         self.cache.crop(-len(self.seen)) if self.seen else None
         self.seen, self.next_logits = [], None
 
@@ -64,8 +74,18 @@ class ModelDrafter(Drafter):
             self.seen = self.seen[:common]
         self._feed(context[common:])
 
-    @torch.inference_mode()
     def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
+        if self.graph_thread is None:
+            return self._propose(context, n, params, stop)
+        return self.graph_thread.submit(self._propose, context, n, params, stop).result()
+
+    def reset(self) -> None:
+        if self.graph_thread is None:
+            return self._reset()
+        return self.graph_thread.submit(self._reset).result()
+
+    @torch.inference_mode()
+    def _propose(self, context, n, params, stop):
         if n <= 0:
             return [], None
         t0 = time.perf_counter()

@@ -22,6 +22,7 @@ from peers.peer import PeerState
 from peers.sampling import SamplingParams
 from sfchat.join import join_ring
 from sfchat.runtime import build_host, invite_for, open_ring
+from sfchat.serve.command import serving_beside
 
 from .messages import (AnswerDelta, AnswerDone, AnswerFailed, DraftChecked, Ended, EngineFailed, LogLine, PeerChanged,
                        Ready, Recovering, RingChanged, RoundDone, Status)
@@ -117,6 +118,7 @@ class Engine(Worker):
         self._first_messages = list(messages or [])
         self.host: Host | None = None
         self.lost_at: dict[int, int] = {}  # member id -> the ring epoch it was lost in
+        self.serving = None  # the endpoint's conversations, with --serve
 
     # --- called from the UI thread --------------------------------------------------------------------------
 
@@ -157,7 +159,11 @@ class Engine(Worker):
             if m["state"] == "lost":
                 self.lost_at.setdefault(m["id"], host.epoch)
         members = [m for m in members if self.lost_at.get(m["id"], host.epoch) == host.epoch]
-        self.post(RingChanged(members, "\n".join(invite.lines())))
+        serving = ""
+        if self.serving is not None:
+            st = self.serving.status()
+            serving = f"{self.serving.url}/v1 · {st['in_flight']} request(s) in flight, {st['waiting']} waiting"
+        self.post(RingChanged(members, "\n".join(invite.lines()), serving))
 
     async def main(self) -> None:
         with self._lock:  # before any checkpoint, so these stay ahead of requests sent through the token
@@ -176,16 +182,19 @@ class Engine(Worker):
             self.policy = KPolicy()
             self.drafter, self.draft_spec = None, object()
             await self._use_drafter(a.draft)
-            self._ring_changed()
-            self.post(Ready(host.model_dir.name, self.drafter.name))
-            async for kind, *payload in self._inbox:
-                if kind == "ask":
-                    await self._ask(*payload)
-                elif kind == "draft":
-                    await self._check_draft(payload[0])
-                elif kind == "load":
-                    await host.drop(self.chat.rs)
-                    self.chat = Chat(host, ring.tokenizer, ring.eos, messages=payload[0])
+            # with --serve the endpoint answers in this same loop, beside the chat
+            async with serving_beside(ring, self.drafter, a, say=self._say, on_change=self._ring_changed) as conv:
+                self.serving = conv
+                self._ring_changed()
+                self.post(Ready(host.model_dir.name, self.drafter.name))
+                async for kind, *payload in self._inbox:
+                    if kind == "ask":
+                        await self._ask(*payload)
+                    elif kind == "draft":
+                        await self._check_draft(payload[0])
+                    elif kind == "load":
+                        await host.drop(self.chat.rs)
+                        self.chat = Chat(host, ring.tokenizer, ring.eos, messages=payload[0])
 
     async def _use_drafter(self, spec: str | None) -> None:
         if spec != self.draft_spec:

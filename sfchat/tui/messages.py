@@ -13,9 +13,9 @@ class Status(Message):
 
 
 class RingChanged(Message):
-    def __init__(self, members: list[dict], invite: str) -> None:
+    def __init__(self, members: list[dict], invite: str, serving: str = "") -> None:
         super().__init__()
-        self.members, self.invite = members, invite
+        self.members, self.invite, self.serving = members, invite, serving
 
 
 class Ready(Message):

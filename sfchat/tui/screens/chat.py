@@ -282,7 +282,7 @@ class ChatScreen(Screen):
         self.set_status("answering… (Esc stops)" if self.answering else f"ready: {msg.model}")
 
     def on_ring_changed(self, msg: RingChanged) -> None:
-        self.query_one(RingPanel).show(msg.members, msg.invite)
+        self.query_one(RingPanel).show(msg.members, msg.invite, msg.serving)
 
     def on_answer_delta(self, msg: AnswerDelta) -> None:
         if msg.n == self.live:

@@ -1,4 +1,5 @@
-"""The ring panel: every member with address, layers, device, memory, round-trip time and state; the invite."""
+"""The ring panel: every member with address, layers, device, memory, round-trip time and state; the invite; with
+--serve, the endpoint, its requests in flight and the conversations each member holds caches for."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -23,7 +24,7 @@ class RingPanel(Horizontal):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.border_title = "ring"
-        self.invite = ""
+        self.invite = self.serving = ""
 
     def compose(self) -> ComposeResult:
         yield DataTable(id="members", cursor_type="none", show_cursor=False, zebra_stripes=True)
@@ -34,7 +35,7 @@ class RingPanel(Horizontal):
         for name in COLUMNS:
             table.add_column(name, key=name, width=WIDTHS.get(name))
 
-    def show(self, members: list[dict], invite: str) -> None:
+    def show(self, members: list[dict], invite: str, serving: str = "") -> None:
         table = self.query_one(DataTable)
         rows = {str(m["id"]): (m["name"], m["address"], m["layers"] or "—", m["device"], size(m["memory_bytes"]),
                                ms(m["rtt_ms"]), state_cell(m["state"])) for m in members}
@@ -47,7 +48,11 @@ class RingPanel(Horizontal):
                 for column, value in zip(COLUMNS, cells):
                     if table.get_cell(key, column) != value:
                         table.update_cell(key, column, value)
-        if invite != self.invite:
-            self.invite = invite
+        if serving:
+            serving += " · caches held: " + ", ".join(f"{m['name']} {m['conversations']}" for m in members
+                                                      if m.get("conversations") is not None and m["layers"])
+        if (invite, serving) != (self.invite, self.serving):
+            self.invite, self.serving = invite, serving
             self.query_one("#invite", Static).update(Text.assemble(
-                ("invite", "bold"), " (Ctrl+T copies it); on another machine run:\n", (invite, "bold")))
+                ("invite", "bold"), " (Ctrl+T copies it); on another machine run:\n", (invite, "bold"),
+                *(("\n", ("serving", "bold"), " ", serving) if serving else ())))

@@ -1,0 +1,88 @@
+"""The OpenAI-compatible routes: chat completions, the model list, and the ring's health."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .auth import check_key
+from .completion import CompletionResponse
+from .conversations import Conversations
+from .errors import ApiError
+from .request import parse
+
+log = logging.getLogger("sfchat.serve")
+MAX_BODY = 4 * 2**20  # a chat that fills any context we serve is far smaller
+MAX_DRAIN = 64 * 2**20
+
+
+def model_id(host) -> str:
+    """The name clients ask for: the --model given, or its directory's name when it was a path."""
+    spec = host.model_spec
+    return Path(spec).name if "/" in spec or Path(spec).exists() else spec
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def read_body(request: Request) -> bytes:
+    """The body, up to MAX_BODY. One beyond that is read on and thrown away (a client that is still sending would
+    miss our answer if we closed on it) up to MAX_DRAIN, past which the connection is simply dropped."""
+    body, seen = bytearray(), 0
+    async for piece in request.stream():
+        seen += len(piece)
+        if seen <= MAX_BODY:
+            body += piece
+        elif seen > MAX_DRAIN:
+            break
+    if seen > MAX_BODY:
+        raise ApiError(413, f"the request body is over {MAX_BODY // 2**20} MiB")
+    return bytes(body)
+
+
+def build_app(conversations: Conversations, *, api_key: str | None = None, keepalive_s: float = 10.0) -> Starlette:
+    host = conversations.host
+    name = model_id(host)
+    names = {name, host.model_spec, host.model_dir.name}
+
+    async def chat_completions(request: Request):
+        check_key(request.headers.get("authorization"), api_key)
+        req = parse(await read_body(request))
+        if req.model not in names:
+            raise ApiError(404, f"the model '{req.model}' does not exist; this ring serves '{name}'",
+                           param="model", code="model_not_found")
+        job = conversations.prepare(req)
+        await conversations.ring_ready()
+        return CompletionResponse(conversations, job, name, keepalive_s)
+
+    async def models(request: Request):
+        check_key(request.headers.get("authorization"), api_key)
+        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                          "owned_by": "sfchat"}]})
+
+    async def health(request: Request):
+        check_key(request.headers.get("authorization"), api_key)
+        replanning = host.planner.gate.replanning
+        return JSONResponse({"status": "replanning" if replanning else "ok", "model": name, "epoch": host.epoch,
+                             "members": host.members_info(), "conversations": conversations.status()})
+
+    async def api_error(request: Request, e: ApiError):
+        return error_response(e)
+
+    async def http_error(request: Request, e: HTTPException):
+        return error_response(ApiError(e.status_code, e.detail or "error"))
+
+    async def server_error(request: Request, e: Exception):
+        log.exception("request failed")
+        return error_response(ApiError(500, f"internal error: {type(e).__name__}"))
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                             Route("/v1/models", models, methods=["GET"]),
+                             Route("/health", health, methods=["GET"])],
+                     exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error})

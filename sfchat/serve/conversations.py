@@ -1,0 +1,148 @@
+"""Completions on the ring: each request is a conversation of its own (its caches on every member, its own
+drafter state), admitted first come, first served up to a limit; its caches are dropped on every member the
+moment it ends, finished or cancelled (a client that went away)."""
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+import trio
+
+from peers.adaptive import KPolicy
+from peers.chat import TextStream, render
+from peers.context import context_limit
+from peers.drafting import Drafter
+from peers.errors import RingError
+from peers.generate import generate
+from peers.sampling import SamplingParams
+
+from .errors import ApiError
+from .request import ChatRequest
+from .stops import StopFilter
+
+log = logging.getLogger("sfchat.serve")
+DEFAULT_LIMIT = 4  # when the ring's free memory says nothing better
+MAX_DEFAULT_LIMIT = 16
+
+
+@dataclass
+class Job:
+    request: ChatRequest
+    prompt: list[int]
+    max_new: int
+    params: SamplingParams
+
+
+@dataclass
+class Outcome:
+    finish: str  # stop, length
+    completion_tokens: int
+    stats: dict = field(default_factory=dict)
+
+
+def kv_bytes_per_position(config, n_layers: int, itemsize: int) -> int:
+    """Keys and values of one position in n_layers layers."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * n_layers * heads * head_dim * itemsize
+
+
+def default_limit(host) -> int:
+    """As many full-context conversations as the tightest stage's free memory holds, within [1, 16]."""
+    from peers.memory import free_bytes
+    from peers.tensors import DTYPES
+
+    c, itemsize = host.config, DTYPES[host.dtype].itemsize
+    ctx = getattr(c, "max_position_embeddings", 2048) or 2048
+    stages = [(host.shard.span.size if host.shard else 0, free_bytes(host.device))]
+    stages += [(m.span.size, m.free_bytes - max(m.rss - m.rss_before, 0)) for m in host.ring]
+    fits = [free // max(kv_bytes_per_position(c, n, itemsize) * ctx, 1) for n, free in stages if n]
+    return int(min(max(min(fits), 1), MAX_DEFAULT_LIMIT)) if fits else DEFAULT_LIMIT
+
+
+class Conversations:
+    def __init__(self, host, tokenizer, eos: set[int], drafter: Drafter, *, limit: int | None = None,
+                 replan_wait_s: float = 30.0, on_change=None):
+        self.host, self.tokenizer, self.eos, self.drafter = host, tokenizer, eos, drafter
+        self.policy = KPolicy()  # pass costs are the ring's, whichever conversation measured them
+        self.limit = limit or default_limit(host)
+        self.admission = trio.CapacityLimiter(self.limit)  # wakes waiters in FIFO order
+        self.waiting = 0
+        self.open: dict[str, int] = {}  # conversation id -> tokens generated so far
+        self.replan_wait_s = replan_wait_s
+        self.url = ""  # where it is served, once it is
+        self.on_change = on_change or (lambda: None)
+        self.context = context_limit(host.config)
+
+    def prepare(self, req: ChatRequest) -> Job:
+        """Render and check the request before any answer starts (413: no room left in the context)."""
+        try:
+            prompt = render(self.tokenizer, req.messages)
+        except Exception as e:  # a template that rejects the message order, for one
+            raise ApiError(400, f"the model's chat template rejects these messages: {e}", param="messages") from None
+        room = self.context - len(prompt)
+        if room < 1:
+            raise ApiError(413, f"the prompt is {len(prompt)} tokens; the model's context holds {self.context}",
+                           param="messages", code="context_length_exceeded")
+        greedy = req.temperature == 0 or req.top_p == 0
+        params = SamplingParams(0.0 if greedy else req.temperature, 0, 1.0 if greedy else req.top_p, req.seed)
+        return Job(req, prompt, min(req.max_tokens or room, room), params)
+
+    async def ring_ready(self) -> None:
+        """Wait out a re-plan in progress; 503 if it takes longer than replan_wait_s."""
+        with trio.move_on_after(self.replan_wait_s):
+            while self.host.planner.gate.replanning:
+                await trio.sleep(0.1)
+            return
+        raise ApiError(503, "the ring is re-planning (a member joined or was lost); try again shortly",
+                       code="ring_replanning")
+
+    def status(self) -> dict:
+        return {"in_flight": len(self.open), "waiting": self.waiting, "max": self.limit}
+
+    async def run(self, job: Job, emit) -> Outcome:
+        """Generate the answer, calling emit(text) with each piece safe to send."""
+        self.waiting += 1
+        self.on_change()
+        try:
+            await self.admission.acquire()
+        finally:
+            self.waiting -= 1
+        sid = "api-" + uuid.uuid4().hex[:12]
+        rs = self.host.new_session(sid)
+        self.open[sid] = 0
+        self.on_change()
+        try:
+            return await self._generate(job, rs, emit)
+        finally:
+            del self.open[sid]
+            self.admission.release()
+            self.on_change()
+            with trio.CancelScope(shield=True):  # a cancelled answer frees its caches too
+                await self.host.drop(rs)
+
+    async def _generate(self, job: Job, rs, emit) -> Outcome:
+        text, stops = TextStream(self.tokenizer), StopFilter(job.request.stop)
+
+        def on_round(ev: dict) -> None:
+            if ev.get("event") == "round":
+                self.open[rs.sid] += len(ev["new"])
+                if piece := stops.push(text.push(ev["new"])):
+                    emit(piece)
+
+        try:
+            result = await generate(self.host, rs, list(job.prompt), drafter=self.drafter.fork(), params=job.params,
+                                    policy=self.policy, max_new_tokens=job.max_new, eos=self.eos, on_round=on_round,
+                                    should_stop=lambda: stops.hit)
+        except RingError as e:
+            raise ApiError(503, f"the ring failed: {e}", code="ring_failed") from None
+        # what the stream held back (a character half decoded when the answer ended) goes out as the full decode has it
+        full = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        if tail := stops.push(full[len(text.text):]) + stops.flush():
+            emit(tail)
+        s = result.stats.summary()
+        stats = {k: s[k] for k in ("tokens_per_round", "acceptance", "tokens_per_second", "rounds", "drafted",
+                                   "accepted")} | {"drafter": self.drafter.name}
+        return Outcome("length" if result.finish == "length" and not stops.hit else "stop", len(result.token_ids),
+                       stats)

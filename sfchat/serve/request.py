@@ -1,0 +1,111 @@
+"""A chat completion request body, checked field by field into a typed request (anything odd is a 400)."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from .errors import ApiError
+
+ROLES = {"system", "user", "assistant", "developer"}  # developer: OpenAI's newer name for system
+MAX_STOPS = 4
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: list[dict]  # {"role", "content": str}, developer turned into system
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    temperature: float = 1.0  # OpenAI's default
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+def bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def _number(body: dict, key: str, lo: float, hi: float, default: float) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise bad(f"'{key}' must be a number from {lo:g} to {hi:g}", key)
+    return float(v)
+
+
+def _int(body: dict, key: str, lo: int) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise bad(f"'{key}' must be an integer >= {lo}", key)
+    return v
+
+
+def _content(m: dict, i: int) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if c is None and m.get("role") == "assistant":
+        return ""
+    if isinstance(c, list):
+        parts = []
+        for p in c:
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise bad(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
+            parts.append(p["text"])
+        return "\n".join(parts)
+    raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+
+
+def _messages(body: dict) -> list[dict]:
+    ms = body.get("messages")
+    if not isinstance(ms, list) or not ms:
+        raise bad("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(ms):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise bad(f"messages[{i}] needs a role of {', '.join(sorted(ROLES))}", f"messages[{i}].role")
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": _content(m, i)})
+    return out
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    s = body.get("stop")
+    if s is None:
+        return ()
+    stops = [s] if isinstance(s, str) else s
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(x, str) and x for x in stops):
+        raise bad(f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them", "stop")
+    return tuple(stops)
+
+
+def parse(raw: bytes) -> ChatRequest:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise bad("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object")
+    if not isinstance(body.get("model"), str):
+        raise bad("'model' must be a string", "model")
+    if (n := body.get("n")) is not None and n != 1:
+        raise bad("only n=1 is supported", "n")
+    stream = body.get("stream") or False
+    options = body.get("stream_options") or {}
+    if not isinstance(stream, bool) or not isinstance(options, dict):
+        raise bad("'stream' must be a boolean and 'stream_options' an object", "stream")
+    if options and not stream:
+        raise bad("'stream_options' is only allowed with stream: true", "stream_options")
+    max_tokens = _int(body, "max_completion_tokens", 1)
+    max_tokens = max_tokens if max_tokens is not None else _int(body, "max_tokens", 1)
+    seed = _int(body, "seed", -(2**63))
+    return ChatRequest(model=body["model"], messages=_messages(body), stream=stream,
+                       include_usage=bool(options.get("include_usage")), max_tokens=max_tokens,
+                       temperature=_number(body, "temperature", 0, 2, 1.0), top_p=_number(body, "top_p", 0, 1, 1.0),
+                       seed=None if seed is None else seed % 2**31, stop=_stop(body))

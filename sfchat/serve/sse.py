@@ -1,0 +1,58 @@
+"""OpenAI's response shapes: streamed `chat.completion.chunk` events (server-sent events) and the whole
+`chat.completion` object.
+
+A stream is: a first chunk whose delta carries the role, chunks of content, a last chunk with an empty delta and
+the finish reason (and our `sfchat` statistics), with include_usage one more chunk with `usage` and no choices,
+then `data: [DONE]`. Lines starting with ':' are comments clients skip: our keep-alives.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+KEEP_ALIVE = b": keep-alive\n\n"
+DONE = b"data: [DONE]\n\n"
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy may hold events back
+
+
+def event(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclass(frozen=True)
+class Stream:
+    """What every chunk of one completion repeats."""
+
+    id: str
+    created: int
+    model: str
+    include_usage: bool = False
+
+    def chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> bytes:
+        c = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+             "system_fingerprint": None, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                     "finish_reason": finish_reason}]}
+        if self.include_usage:
+            c["usage"] = None
+        return event(c | extra)
+
+    def role(self) -> bytes:
+        return self.chunk({"role": "assistant", "content": ""})
+
+    def content(self, text: str) -> bytes:
+        return self.chunk({"content": text})
+
+    def finish(self, reason: str, stats: dict) -> bytes:
+        return self.chunk({}, reason, sfchat=stats)
+
+    def usage(self, usage: dict) -> bytes:
+        return event({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                      "system_fingerprint": None, "choices": [], "usage": usage})
+
+
+def completion(s: Stream, text: str, reason: str, usage: dict, stats: dict) -> dict:
+    return {"id": s.id, "object": "chat.completion", "created": s.created, "model": s.model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                         "logprobs": None, "finish_reason": reason}],
+            "usage": usage, "sfchat": stats}

@@ -1,0 +1,47 @@
+"""On an NVIDIA GPU (scripts/gpu_check; skipped elsewhere): the ring is exact against transformers on the same
+GPU in float32 and bfloat16, and quantized spans are stored quantized on the device."""
+import pytest
+import torch
+import trio
+from transformers import AutoModelForCausalLM
+
+from helpers import running_ring
+from peers.shard import Shard, Span
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_ring_on_the_gpu_equals_transformers_there(dtype, tiny_llama):
+    prompt, new = [5, 17, 42, 99, 7, 3, 120, 64], 16
+
+    async def ring() -> list[int]:
+        async with running_ring(tiny_llama, 1, extra=["--device", "cuda", "--dtype", dtype], device="cuda",
+                                dtype=dtype) as (host, _):
+            assert host.ring and host.ring[0].device.startswith("cuda")
+            rs, tokens = host.new_session("gpu"), list(prompt)
+            for _ in range(new):
+                logits, _ = await host.forward(rs, tokens, [])
+                tokens.append(int(logits[-1].argmax()))
+                rs.set_position(len(tokens) - 1, len(tokens))
+            return tokens[len(prompt):]
+
+    got = trio.run(ring)
+    ref = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=getattr(torch, dtype)).to("cuda").eval()
+    with torch.inference_mode():
+        want = ref.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=new, do_sample=False)
+    assert got == want[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("quant,stored", [("int8", torch.int8), ("nf4", torch.uint8)])
+def test_quantized_span_is_quantized_on_the_gpu(quant, stored, tiny_llama):
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    s = Shard(tiny_llama, Span(0, 4, 4), embed=False, head=False, dtype="bfloat16", quant=quant, device="cuda")
+    linears = [m for m in s.layers.modules() if hasattr(m, "weight") and getattr(m.weight, "ndim", 0) == 2]
+    assert linears and all(m.weight.dtype == stored and m.weight.is_cuda for m in linears)
+    full = sum(m.in_features * m.out_features * 2 for m in linears)  # the same matrices in bfloat16
+    held = torch.cuda.memory_allocated() - before
+    assert held < (0.7 if quant == "int8" else 0.5) * full, (held, full)
+    x = torch.randn(1, 5, s.hidden_size)
+    assert torch.isfinite(s.forward(s.new_session(), 0, x).float()).all()

@@ -1,0 +1,170 @@
+"""The OpenAI-compatible endpoint with the real `openai` client and raw HTTP, against a real `sfchat serve` with two
+peer processes (the tiny random Llama: its text is gibberish, but greedy answers are exact and repeatable)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from helpers import ask_json
+from serving import KEY, Server
+
+N = 12  # tokens per answer: enough to stream in several pieces, cheap on two shared cores
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama, tmp_path_factory):
+    s = Server(tiny_llama, tmp_path_factory.mktemp("serve") / "serve.log", "--draft", "ngram", "--max-conversations",
+               "8", peers=2)
+    s.wait_until(lambda h: sum(m["layers"] not in ("", "none") for m in h["members"]) == 3, what="a ring of three")
+    yield s
+    s.close()
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def whole(server, prompt: str, **kw) -> str:
+    r = client(server).chat.completions.create(model=server.model, messages=user(prompt), max_tokens=N, temperature=0,
+                                               **kw)
+    return r.choices[0].message.content
+
+
+def test_whole_and_streamed_with_usage(server, tiny_llama):
+    c = client(server)
+    assert [m.id for m in c.models.list()] == [tiny_llama.name]
+    r = c.chat.completions.create(model=tiny_llama.name, messages=user("hello world"), max_tokens=N, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.completion_tokens <= N and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.model_extra["sfchat"]["rounds"] >= 1  # the speculative statistics ride along
+    chunks = list(c.chat.completions.create(model=tiny_llama.name, messages=user("hello world"), max_tokens=N,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({ch.id for ch in chunks}) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == r.usage.model_dump()
+    assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks[:-1]) == r.choices[0].message.content
+
+
+def test_async_client_streams_the_same_answer(server, tiny_llama):
+    async def main() -> str:
+        c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+        stream = await c.chat.completions.create(model=tiny_llama.name, messages=user("the quick brown fox"),
+                                                 max_tokens=N, temperature=0, stream=True)
+        return "".join([ch.choices[0].delta.content or "" async for ch in stream])
+
+    assert asyncio.run(main()) == whole(server, "the quick brown fox")
+
+
+def test_stop_string_never_in_the_output(server, tiny_llama):
+    full = whole(server, "speculative decoding")
+    stop = full[len(full) // 2: len(full) // 2 + 2]
+    want = full[: full.index(stop)]
+    r = client(server).chat.completions.create(model=tiny_llama.name, messages=user("speculative decoding"),
+                                               max_tokens=N, temperature=0, stop=[stop])
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == (want, "stop")
+    streamed = client(server).chat.completions.create(model=tiny_llama.name, messages=user("speculative decoding"),
+                                                      max_tokens=N, temperature=0, stop=stop, stream=True)
+    assert "".join(ch.choices[0].delta.content or "" for ch in streamed) == want
+
+
+def test_sse_framing(server, tiny_llama):
+    body = {"model": tiny_llama.name, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_completion_tokens": 4, "temperature": 0, "stream": True}
+    with server.http.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    data = [json.loads(e.removeprefix("data: ")) for e in events[:-2] if not e.startswith(":")]
+    assert all(e.startswith("data: ") or e == ": keep-alive" for e in events[:-1])
+    assert {d["object"] for d in data} == {"chat.completion.chunk"} and len({d["id"] for d in data}) == 1
+    assert data[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert data[-1]["choices"][0]["delta"] == {} and data[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(d["choices"][0]["finish_reason"] is None for d in data[:-1])
+    assert "usage" not in data[0]  # only with include_usage
+
+
+def error_of(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    e = r.json()["error"]
+    assert set(e) == {"message", "type", "param", "code"} and e["message"]
+    return e
+
+
+def test_error_shapes(server, tiny_llama):
+    ok = {"model": tiny_llama.name, "messages": user("hi"), "max_tokens": 2}
+    post = lambda body, **kw: server.http.post("/v1/chat/completions", json=body, **kw)  # noqa: E731
+    assert error_of(httpx.post(server.url + "/v1/chat/completions", json=ok), 401)["code"] == "invalid_api_key"
+    assert error_of(httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer nope"}), 401)
+    assert error_of(post(ok | {"model": "gpt-4o"}), 404)["code"] == "model_not_found"
+    assert error_of(post(ok | {"n": 2}), 400)["param"] == "n"
+    assert error_of(post(ok | {"temperature": "hot"}), 400)["param"] == "temperature"
+    assert error_of(post(ok | {"messages": [{"role": "robot", "content": "x"}]}), 400)
+    assert error_of(post(ok | {"messages": user("word " * 600)}), 413)["code"] == "context_length_exceeded"
+    assert error_of(server.http.post("/v1/chat/completions", content=b"{not json"), 400)
+    assert error_of(server.http.get("/v1/nothing"), 404)
+    with pytest.raises(openai.BadRequestError):
+        client(server).chat.completions.create(model=tiny_llama.name, messages=user("hi"), n=3)
+
+
+def test_hostile_bodies_leave_other_answers_alone(server, tiny_llama):
+    want = whole(server, "pipeline parallelism")
+    hostile = [b"[" * 200_000 + b"]" * 200_000, b"\xff\xfe" * 1000, b"x" * (5 * 2**20), b'{"model": 1}',
+               json.dumps({"model": tiny_llama.name, "messages": user("hi"), "max_tokens": -1}).encode(),
+               json.dumps({"model": tiny_llama.name, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}
+                          ).encode()]
+
+    async def main() -> tuple[str, list[int]]:
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"},
+                                     timeout=120) as h:
+            body = {"model": tiny_llama.name, "messages": user("pipeline parallelism"), "max_tokens": N,
+                    "temperature": 0}
+            answer = asyncio.ensure_future(h.post("/v1/chat/completions", json=body))
+            codes = [(await h.post("/v1/chat/completions", content=b)).status_code for b in hostile]
+            return (await answer).json()["choices"][0]["message"]["content"], codes
+
+    text, codes = asyncio.run(main())
+    assert text == want
+    assert codes == [400, 400, 413, 400, 400, 400]
+
+
+def test_disconnect_cancels_and_frees_every_member(server, tiny_llama):
+    c = client(server)
+    stream = c.chat.completions.create(model=tiny_llama.name, messages=user("a long story"), max_tokens=400,
+                                       temperature=0.8, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    assert server.health()["conversations"]["in_flight"] == 1  # still generating when the client leaves
+    stream.close()
+    h = server.wait_until(lambda h: h["conversations"]["in_flight"] == 0
+                          and all(m["conversations"] == 0 for m in h["members"][1:]), timeout=20,
+                          what="the cancelled conversation freed everywhere")
+    assert h["status"] == "ok"
+
+
+def test_eight_concurrent_streams_equal_ask(server, tiny_llama):
+    prompts = ["hello world", "the lazy dog", "def fib(n)", "quantum entanglement"]
+    asked = {p: ask_json(p, "--model", str(tiny_llama), "--draft", "ngram", "--max-new-tokens", str(N),
+                         "--temperature", "0")["text"] for p in prompts}
+
+    async def one(c, prompt: str) -> str:
+        stream = await c.chat.completions.create(model=tiny_llama.name, messages=user(prompt), max_tokens=N,
+                                                 temperature=0, stream=True)
+        return "".join([ch.choices[0].delta.content or "" async for ch in stream])
+
+    async def main() -> list[str]:
+        c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+        return await asyncio.gather(*(one(c, p) for p in prompts * 2))
+
+    assert asyncio.run(main()) == [asked[p] for p in prompts * 2]

@@ -1,0 +1,91 @@
+"""Many conversations on one ring through the endpoint: requests beyond --max-conversations wait (hearing
+keep-alives) and none is dropped; a member killed while four answers stream costs none of them a token."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import httpx
+import openai
+import pytest
+
+from serving import KEY, Server
+
+N = 40  # long enough that the kill lands mid-answer
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama, tmp_path_factory):
+    s = Server(tiny_llama, tmp_path_factory.mktemp("failover") / "serve.log", "--draft", "ngram",
+               "--max-conversations", "4", "--keep-alive-s", "0.3", peers=2)
+    s.wait_until(lambda h: sum(m["state"] == "ready" for m in h["members"][1:]) == 2, what="two ready members")
+    yield s
+    s.close()
+
+
+PROMPTS = ["hello world", "the lazy dog", "def fib(n)", "quantum entanglement"]
+
+
+def body(server, prompt: str) -> dict:
+    return {"model": server.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": N,
+            "temperature": 0, "stream": True}
+
+
+async def stream_text(h: httpx.AsyncClient, server, prompt: str, seen: list[str]) -> str:
+    """The answer's text; `seen` gets every event's first line, keep-alives included, as they come."""
+    text = []
+    async with h.stream("POST", "/v1/chat/completions", json=body(server, prompt)) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith(":") or line.startswith("data: "):
+                seen.append(line)
+            if line.startswith("data: {"):
+                d = json.loads(line[6:])
+                text.append(d["choices"][0]["delta"].get("content") or "" if d["choices"] else "")
+    return "".join(text)
+
+
+def client(server) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(server) -> dict[str, str]:
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    return {p: c.chat.completions.create(model=server.model, messages=[{"role": "user", "content": p}], max_tokens=N,
+                                         temperature=0).choices[0].message.content for p in PROMPTS}
+
+
+def test_past_the_limit_requests_wait_with_keep_alives(server, uninterrupted):
+    async def main():
+        seen = [[] for _ in range(6)]
+        async with client(server) as h:
+            texts = await asyncio.gather(*(stream_text(h, server, p, s) for p, s in zip(PROMPTS + PROMPTS[:2], seen)))
+        return texts, seen
+
+    texts, seen = asyncio.run(main())
+    assert texts == [uninterrupted[p] for p in PROMPTS + PROMPTS[:2]]  # none dropped, each exact
+    # two of the six waited for a place; a waiting client hears keep-alives before its first words
+    waited = [s for s in seen if s[1] == ": keep-alive"]
+    assert waited, seen
+
+
+def test_member_killed_while_four_stream(server, uninterrupted):
+    victim = server.peer_pids()[0]
+
+    async def main():
+        seen = [[] for _ in PROMPTS]
+        async with client(server) as h:
+            tasks = [asyncio.ensure_future(stream_text(h, server, p, s)) for p, s in zip(PROMPTS, seen)]
+            while not all(sum(x.startswith("data: {") for x in s) >= 3 for s in seen):  # all four under way
+                await asyncio.sleep(0.01)
+            os.kill(victim, signal.SIGKILL)
+            return await asyncio.gather(*tasks)
+
+    texts = asyncio.run(main())
+    assert texts == [uninterrupted[p] for p in PROMPTS]
+    assert "re-planning and replaying" in server.log.read_text()  # the kill did land mid-answer
+    h = server.health()
+    assert [m["state"] for m in h["members"]].count("lost") == 1 and h["status"] == "ok"
