@@ -3,6 +3,7 @@
     member                        host
       offer         ---->                   once, right after the handshake
                     <----   assign          a span for plan `epoch` (again at every re-plan)
+      progress      ---->                   while it downloads its weights
       ready | fail  ---->                   for that epoch
                     <----   ping            every heartbeat
       pong          ---->                   its round trip is the member's RTT
@@ -20,7 +21,7 @@ from .wire import WireError
 # what one side may receive from the other, by the state of the link
 RECEIVES = {
     ("host", "joining"): {"offer"},
-    ("host", "joined"): {"ready", "fail", "pong"},
+    ("host", "joined"): {"progress", "ready", "fail", "pong"},
     ("member", "joined"): {"assign", "ping", "drop", "bye"},
 }
 AFTER = {"offer": "joined", "bye": "closed"}  # the messages that move the link on; the others leave it as it is
