@@ -18,8 +18,8 @@ from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr, peername
 from .errors import FitError, RingError
 from .fingerprint import config_fingerprint
-from .memory import default_device, usage
-from .membership import Member, Roster
+from .memory import default_device, pick_dtype, usage
+from .membership import Member, Roster, downloading
 from .plan import ModelSize, pass_chunks
 from .planning import Planner, Target
 from .ring_session import RingSession
@@ -34,7 +34,7 @@ __all__ = ["Host", "Member", "RingError", "RingSession"]
 
 class Host:
     def __init__(self, model: str | None = None, *, token: str | None = None, listen: str = "127.0.0.1:0",
-                 device: str | None = None, dtype: str = "float32", quant: str = "none",
+                 device: str | None = None, dtype: str = "auto", quant: str = "none",
                  offer_gb: float | None = None, heartbeat_s: float = 1.0, dead_after_s: float = 4.0,
                  say=print, on_change=None, tls: bool = False,
                  relay: str | None = None, max_context: int | None = None):
@@ -44,19 +44,22 @@ class Host:
         self.relay, self.relay_address = relay, ""  # relay://… once registered
         self.tls = TLSEndpoint(tls, "host")
         self.device = device or default_device()
-        self.dtype, self.quant = dtype, quant
+        self.dtype, self.quant = pick_dtype(dtype, self.device), quant
         self.say = say
         self.on_change = on_change or (lambda: None)
-        self.model_dir = models.resolve(self.model_spec, say=say)
+        self.source = models.open_source(self.model_spec, say=say)  # a hub model: only config and tokenizer yet
+        self.model_dir = self.source.dir
+        self.plan_at_start = True  # False: members are on their way; plan (and fetch) once they are here
         self.config = load_config(self.model_dir)
         self.fingerprint = config_fingerprint(self.model_dir)
         self.roster = Roster(tls=self.tls.enabled, heartbeat_s=heartbeat_s, dead_after_s=dead_after_s,
                              on_change=lambda: self.on_change(), on_join=self._joined)
-        size = ModelSize.of(checkpoint.read_config(self.model_dir), checkpoint.tensor_shapes(self.model_dir))
-        target = Target(self.model_spec, self.model_dir, self.config, self.fingerprint, dtype, quant, self.device,
-                        size, max_context or size.default_context())
+        size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
+        target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
+                        quant, self.device, size, max_context or size.default_context())
         self.planner = Planner(target, self.roster, offer_gb=offer_gb, token=self.token, tls=self.tls,
                                on_change=lambda: self.on_change())
+        self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
         self.port = 0
         self.waiting: dict[tuple[str, int], trio.MemorySendChannel] = {}
         self.seq = itertools.count()
@@ -87,8 +90,10 @@ class Host:
 
     def members_info(self) -> list[dict]:
         now, peak = usage(self.device)
-        host = {"id": 0, "name": "host", "address": self.address, "device": self.device,
-                "layers": str(self.shard.span) if self.shard else "", "state": "ready", "rtt_ms": 0.0,
+        fetching = self.planner.fetching()
+        host = {"id": 0, "name": "host", "address": self.address, "device": self.device, "dtype": self.dtype,
+                "layers": str(self.shard.span) if self.shard else "", "state": downloading(fetching) or "ready",
+                "download": fetching, "rtt_ms": 0.0,
                 "memory_bytes": now, "peak_memory_bytes": peak, "free_bytes": int(self.planner.host_offer())}
         return [host] + [m.info() for m in self.members]
 
@@ -100,7 +105,8 @@ class Host:
             self.port, self.relay_address = got.port, got.relay_address
             self.nursery = nursery
             try:
-                await self.replan()  # the host alone, until members join
+                if self.plan_at_start:
+                    await self.replan()  # the host alone, until members join
             except FitError as e:  # members may yet join; a host that stays alone is told at its next plan
                 log.info("the host alone cannot hold the model: %s", e)
             nursery.start_soon(self.roster.heartbeat)

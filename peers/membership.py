@@ -20,6 +20,11 @@ from .plan import Span
 log = logging.getLogger("sfchat.host")
 
 
+
+def downloading(d: dict | None) -> str:
+    """The state column while a member fetches its files: the share of their bytes it has."""
+    return f"↓ {100 * d['done'] / d['total']:.0f}%" if d and d.get("total") else ""
+
 @dataclass
 class Member:
     id: int
@@ -38,6 +43,7 @@ class Member:
     peak: int = 0  # the most it has used
     tls_fingerprint: str = ""
     sessions: int = 0  # conversations whose caches it holds (as of its last pong)
+    download: dict | None = None  # while it fetches its layers' files: {"file", "done", "total"} in bytes
     rss_before: int = 0  # before it loaded its span: rss - rss_before is what the span costs
     last_seen: float = field(default_factory=time.monotonic)
     ready: trio.Event = field(default_factory=trio.Event)
@@ -46,7 +52,8 @@ class Member:
 
     def info(self) -> dict:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
-                "layers": str(self.span) if self.span else "", "state": self.state,
+                "layers": str(self.span) if self.span else "", "dtype": self.dtype,
+                "state": downloading(self.download) or self.state, "download": self.download,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
                 "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes,
                 "conversations": self.sessions}
@@ -128,11 +135,14 @@ class Roster:
             m.sessions = int(msg.get("sessions") or 0)
             m.reported(msg)
         elif msg["t"] == "ready" and msg.get("epoch") == m.epoch:
-            m.state = "ready"
+            m.state, m.download = "ready", None
             m.reported(msg)
             m.ready.set()
+        elif msg["t"] == "progress":
+            m.download = validate.progress(msg)
         elif msg["t"] == "fail":
             m.state, m.error, m.oom = "failed", str(msg.get("error")), bool(msg.get("oom"))
+            m.download = None
             log.error("member %d cannot serve: %s", m.id, m.error)
             m.ready.set()
         elif msg["t"] == "error":

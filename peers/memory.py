@@ -33,7 +33,9 @@ def usage(device: str) -> tuple[int, int]:
     if device.startswith("cuda") and torch.cuda.is_available():
         d = torch.device(device)
         return torch.cuda.memory_allocated(d), torch.cuda.max_memory_allocated(d)
-    return rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # (Linux: in KiB)
+    now = rss_bytes()
+    # ru_maxrss (KiB on Linux) is sampled by the kernel at its own moments: it can trail the resident set just read
+    return now, max(now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def release_freed() -> None:
@@ -73,3 +75,13 @@ def injected_failure(who: str, stage: str, device: str) -> None:
     pebibyte at that stage, so a real allocation failure travels the real path."""
     if os.environ.get("SFCHAT_TEST_OOM") == f"{who}:{stage}":
         torch.empty(1 << 50, dtype=torch.uint8, device=device)
+
+
+def pick_dtype(name: str, device: str) -> str:
+    """`auto`: bfloat16 on a CUDA device that computes in it (compute capability 8+), float16 on older CUDA
+    devices, float32 on the CPU (where half precision is slower and less exact); any other name as given."""
+    if name != "auto":
+        return name
+    if not str(device).startswith("cuda"):
+        return "float32"
+    return "bfloat16" if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else "float16"

@@ -1,7 +1,8 @@
-"""Turn a --model argument into a local safetensors model directory. Nothing is ever downloaded from a hub.
+"""Turn a --model argument into a local safetensors model directory.
 
-Accepted: the name `smollm2-135m` (the embedded default), a model directory, a hub id already in the local
-Hugging Face cache, or a GGUF file (converted once into the models cache).
+Accepted: the name `smollm2-135m` (the embedded default), a model directory, a GGUF file (converted once into
+the models cache), or a hub id ORG/NAME[@REVISION], fetched into the Hugging Face cache (peers/hub.py): whole by
+`resolve`, or only the files one machine's layers need through a `Source`.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .locations import models_dir
@@ -49,25 +51,77 @@ def resolve(spec: str | None, pull: bool = True, say=print) -> Path:
         return convert_gguf(p, say=say)
     if p.exists():
         raise ModelError(f"{p} is neither a model directory nor a .gguf file")
-    d = hub_cache_snapshot(spec)
-    if d is None:
-        raise ModelError(f"model {spec!r} is not a directory, a .gguf file, or a hub id in the local cache "
-                         f"(sfchat never downloads from a hub; `sfchat pull` fetches the default {DEFAULT_MODEL})")
-    return d
+    source = open_source(spec, say=say)
+    if source.hub is None:
+        return source.dir
+    return source.fetch_all()
 
 
-def hub_cache_snapshot(repo_id: str) -> Path | None:
-    """The snapshot of `repo_id` in the local Hugging Face cache, if one is there."""
-    if repo_id.count("/") != 1:
-        return None
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub")
-    root = hub / ("models--" + repo_id.replace("/", "--"))
-    ref = root / "refs" / "main"
-    snaps = [root / "snapshots" / ref.read_text().strip()] if ref.is_file() else sorted((root / "snapshots").glob("*"))
-    for s in snaps:
-        if is_model_dir(s):
-            return s
-    return None
+def names_a_model(spec: str) -> bool:
+    """Whether `spec` could name a model (the default, a path here, or a hub id), without fetching anything."""
+    from .hub import parse
+
+    return spec == DEFAULT_MODEL or Path(spec).expanduser().exists() or parse(spec) is not None
+
+
+@dataclass
+class Source:
+    """Where one machine gets a model's files: a local directory (all there), or a model on the hub (each file
+    fetched when a layer span needs it). `spec` is what members are told: the hub id pinned to its commit."""
+
+    dir: Path
+    spec: str
+    hub: object | None = None  # a peers.hub.HubModel
+
+    def fetch(self, start: int, end: int, *, embed: bool, head: bool, progress=None, bars: bool = True) -> Path:
+        """The files layers [start, end) need (with the embedding, norm and head: embed / head), fetched if
+        missing; the model directory."""
+        if self.hub is None:
+            return self.dir
+        from . import hub
+
+        names = self.hub.weight_files(start, end, embed=embed, head=head)
+        return hub.fetch(self.hub, names, progress, bars)
+
+    def fetch_all(self, progress=None, bars: bool = True) -> Path:
+        if self.hub is not None:
+            from . import hub
+
+            hub.fetch(self.hub, self.hub.small_files(), progress, bars)
+        return self.fetch(0, 1 << 30, embed=True, head=True, progress=progress, bars=bars)
+
+    def tensor_shapes(self) -> dict[str, list[int]]:
+        if self.hub is not None:
+            return self.hub.tensor_shapes()
+        from .checkpoint import tensor_shapes
+
+        return tensor_shapes(self.dir)
+
+    def identity(self, start: int, end: int) -> str:
+        """What must match between host and member for layers [start, end): a hub commit pins every byte;
+        a local directory is hashed."""
+        if self.hub is not None:
+            return self.hub.spec
+        from .fingerprint import span_fingerprint
+
+        return span_fingerprint(self.dir, start, end)
+
+
+def open_source(spec: str | None, *, host: bool = True, say=print) -> Source:
+    """A model to run: local ones are resolved at once; a hub one gets its config (its architecture checked
+    before any weights), its index and, on the host (`host`), its tokenizer and generation config."""
+    spec = spec or DEFAULT_MODEL
+    from . import hub
+
+    parsed = hub.parse(spec) if not Path(spec).expanduser().exists() else None
+    if parsed is None:
+        if spec != DEFAULT_MODEL and not Path(spec).expanduser().exists():
+            raise ModelError(f"model {spec!r} is not a directory, a .gguf file, or a hub id ORG/NAME[@REVISION] "
+                             f"(`sfchat pull` fetches the default {DEFAULT_MODEL})")
+        return Source(resolve(spec, say=say), spec)
+    model = hub.locate(*parsed, say=say)
+    hub.fetch(model, model.small_files() if host else [n for n in (hub.CONFIG, hub.INDEX) if n in model.files])
+    return Source(model.dir, model.spec, model)
 
 
 def sha256(path: Path) -> str:

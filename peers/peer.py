@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 
 import trio
 
-from . import device, links, models, tensors, validate, wire
+from . import device, hub, links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
-from .memory import default_device, free_bytes, injected_failure, is_oom, oom_line, rss_bytes, usage
+from .memory import default_device, free_bytes, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes, usage
 from .plan import Span
 from .shard import Shard
 from .tls import Endpoint as TLSEndpoint
-from .fingerprint import config_fingerprint, span_fingerprint
+from .fingerprint import config_fingerprint
 
 log = logging.getLogger("sfchat.peer")
 SESSION_IDLE_S = 600.0
@@ -46,12 +46,13 @@ class PeerState:
 
 class Peer:
     def __init__(self, host_addr: str, token: str, *, model: str | None = None, listen: str = "0.0.0.0:0",
-                 advertise: str | None = None, device: str | None = None, dtype: str = "float32",
+                 advertise: str | None = None, device: str | None = None, dtype: str = "auto",
                  quant: str = "none", offer_gb: float | None = None, name: str = "peer", on_change=None,
                  relay: str | None = None, tls_pin: str | None = None):
         self.host_addr, self.token, self.model_spec = host_addr, token, model
-        self.listen, self.advertise, self.dtype, self.quant = listen, advertise, dtype, quant
+        self.listen, self.advertise, self.quant = listen, advertise, quant
         self.device = device or default_device()
+        self.dtype = pick_dtype(dtype, self.device)  # each member its own; hidden states convert at each hop
         self.offer_gb, self.name = offer_gb, name
         self.relay = links.relay_of(host_addr, relay)  # also reachable through it, if any
         self.tls_pin = tls_pin  # the host's certificate fingerprint from the invite: the ring uses TLS
@@ -70,6 +71,7 @@ class Peer:
         self.base_bytes = 0  # what it used just before it loaded its span
         self.member_id = 0  # the host's number for it (in each assignment)
         self.on_change = on_change or (lambda st: None)
+        self.bars = on_change is None  # download bars on the terminal, unless the peer screen shows progress
 
     def _changed(self, **kw) -> None:
         for k, v in kw.items():
@@ -120,7 +122,7 @@ class Peer:
     async def _take_assignment(self, ctl: Channel, msg: dict) -> None:
         async with self.assign_lock:
             try:
-                await self._assign(msg)
+                await self._assign(msg, ctl)
                 await ctl.send({"t": "ready", "epoch": self.epoch, **self._memory()})
             except Exception as e:
                 oom = is_oom(e)
@@ -150,17 +152,19 @@ class Peer:
         self._changed(rss=now, peak=peak)
         return {"memory_bytes": now, "peak_memory_bytes": peak, "base_bytes": self.base_bytes}
 
-    async def _assign(self, msg: dict) -> None:
+    async def _assign(self, msg: dict, ctl: Channel) -> None:
         epoch = validate.need(msg, "epoch", int, 0)
         self.member_id = int(msg.get("member") or 0)
         span = Span(validate.need(msg, "start", int, 0), validate.need(msg, "end", int, 0),
                     validate.need(msg, "n_layers", int, 1))
+        # no --model: the host's, a hub model pinned to the commit the host resolved
         spec = self.model_spec or validate.need(msg, "model", str)
         self._changed(state="loading", span=span)
-        model_dir = await trio.to_thread.run_sync(lambda: models.resolve(spec, say=log.info))
+        source = await trio.to_thread.run_sync(lambda: models.open_source(spec, host=False, say=log.info))
+        model_dir = source.dir
         mine = config_fingerprint(model_dir)
         if mine == msg.get("config_fingerprint"):
-            mine = await trio.to_thread.run_sync(span_fingerprint, model_dir, span.start, span.end)
+            mine = await trio.to_thread.run_sync(source.identity, span.start, span.end)
             theirs = msg.get("span_fingerprint")
         else:
             theirs = msg.get("config_fingerprint")
@@ -168,6 +172,7 @@ class Peer:
             raise models.ModelError(f"this peer's model ({spec}) is not the host's: its weights for layers {span} "
                                     f"differ ({mine[:12]} here, {str(theirs)[:12]} at the host); pass the same --model")
         if self.shard is None or self.shard.span != span or self.shard_dir != model_dir:
+            await self._fetch(source, span, ctl)  # what this span lacks; the old span serves until it is here
             self.shard = None  # free the old span before loading the new one
             self.base_bytes = usage(self.device)[0]
             t0 = time.monotonic()
@@ -185,6 +190,33 @@ class Peer:
         await client_handshake(self.next, self.token, "data")
         self.epoch = epoch
         self._changed(state="ready", next_hop=nxt, sessions=0)
+
+    async def _fetch(self, source: models.Source, span: Span, ctl: Channel) -> None:
+        """Fetch the files of `span` (a hub model's), telling the host and the screen how far it got."""
+        progress = hub.Progress()
+        if source.hub is not None:
+            log.info("fetching the files of layers %s from %s: %s", span, source.spec,
+                     ", ".join(source.hub.weight_files(span.start, span.end, embed=False, head=False)))
+
+        async def report():
+            while True:
+                await trio.sleep(0.5)
+                if progress.active:
+                    self._changed(state=progress.text())
+                    await ctl.send({"t": "progress", "active": True, "file": progress.file, "total": progress.total,
+                                    "done": progress.done + progress.current})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(report)
+            try:
+                await trio.to_thread.run_sync(lambda: source.fetch(
+                    span.start, span.end, embed=False, head=False, progress=progress, bars=self.bars))
+            finally:
+                nursery.cancel_scope.cancel()
+        if progress.total:
+            log.info("fetched the files of layers %s (%.1f MB)", span, progress.total / 2**20)
+            await ctl.send({"t": "progress", "active": False})
+        self._changed(state="loading")
 
     async def _serve_data(self, stream: trio.SocketStream) -> None:
         try:

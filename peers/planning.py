@@ -12,11 +12,10 @@ from pathlib import Path
 
 import trio
 
-from . import links
+from . import hub, links, models
 from .auth import client_handshake
 from .channel import Channel, ChannelClosed
 from .errors import FitError, RingError
-from .fingerprint import span_fingerprint
 from .membership import Member, Roster
 from .pass_gate import PassGate
 from .memory import free_bytes
@@ -31,8 +30,9 @@ log = logging.getLogger("sfchat.host")
 class Target:
     """The model the ring runs, and how the host loads its own part of it."""
 
-    spec: str  # what the user named; members resolve it themselves
+    spec: str  # what members are told: what the user named, a hub id pinned to the host's commit
     dir: Path
+    source: models.Source  # where the host gets the files of its span (a hub model: fetched as needed)
     config: object
     fingerprint: str
     dtype: str
@@ -55,6 +55,8 @@ class Planner:
         self.first_hop: Channel | None = None
         self.gate = PassGate()  # passes share the ring, a re-plan waits for them and has it alone
         self.drafter_bytes = 0  # what a drafter built before the plan holds on the host
+        self.download = hub.Progress()  # the host's own fetch, for its row in the ring panel
+        self.bars = True  # download bars on the terminal (not under a screen that shows the ring)
 
     def host_offer(self) -> int:
         """What the host offers, the embedding, head and drafter included (the plan takes them off)."""
@@ -91,6 +93,7 @@ class Planner:
             if ran_out:
                 raise FitError("; ".join(ran_out) + f"; the rest of the ring {e}") from None
             raise
+        await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
         epoch = self.epoch + 1
         ring = [m for m, s in zip(live, spans[1:]) if s.size]
         for m, s in zip(live, spans[1:]):
@@ -108,7 +111,7 @@ class Planner:
                 await m.ctl.send({"t": "assign", "epoch": epoch, "member": m.id, "model": t.spec,
                                   "config_fingerprint": t.fingerprint,
                                   "span_fingerprint": await trio.to_thread.run_sync(
-                                      span_fingerprint, t.dir, m.span.start, m.span.end),
+                                      t.source.identity, m.span.start, m.span.end),
                                   "start": m.span.start,
                                   "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt, "next_tls": pin,
                                   "host_port": host_port})
@@ -137,6 +140,20 @@ class Planner:
                  "".join(f" -> member {m.id} {m.span}" for m in ring))
         self.on_change()
         return True
+
+    async def _fetch_own(self, span) -> None:
+        """The files of the host's span, embedding, norm and head (a hub model's: fetched if missing)."""
+        try:
+            await trio.to_thread.run_sync(lambda: self.target.source.fetch(
+                span.start, span.end, embed=True, head=True, progress=self.download, bars=self.bars))
+        except models.ModelError as e:
+            raise RingError(str(e)) from None
+        finally:
+            self.on_change()
+
+    def fetching(self) -> dict | None:
+        d = self.download
+        return {"file": d.file, "done": d.done + d.current, "total": d.total} if d.active else None
 
     async def replan_logged(self, host_port: int) -> None:
         try:

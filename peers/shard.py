@@ -14,7 +14,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from . import tree
+from . import architectures, tree
 from .checkpoint import weight_files
 from .memory import release_freed
 from .models import ModelError
@@ -33,10 +33,12 @@ class SessionCache:
 
 
 def load_config(model_dir: Path):
+    """The model's config, refused in one line if sfchat cannot split its architecture."""
     config = AutoConfig.from_pretrained(model_dir)
+    family = architectures.family(config.model_type)
     if getattr(config, "quantization_config", None):
         del config.quantization_config
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = family.attention
     return config
 
 
@@ -66,13 +68,16 @@ class Shard:
         self.embed = inner.embed_tokens if embed else None
         self.norm = inner.norm if head else None
         self.lm_head = full.lm_head if head else None
-        self.rotary = type(inner.rotary_emb)(config=config).to(self.device)
-        self.layer_types = getattr(config, "layer_types", None) or ["full_attention"] * span.n_layers
+        self.family = architectures.family(config.model_type)
+        self.layer_types = self.family.layer_types(config)
+        self.rotary = self.family.rotary(config, inner, self.device, self._kinds())
         self.quant = quant
         if quant != "none":  # swapped on the meta device, each matrix quantized as it is read (peers/quant.py)
             from . import quant as q
             q.swap_linears(self.layers, quant, self.dtype)
         self._load(model_dir)
+        if self.embed is not None:
+            self.family.prepare_embedding(config, self.embed, self.device)
         del full, inner
 
     def _wanted(self) -> dict[str, tuple[torch.nn.Module, str]]:
@@ -159,9 +164,10 @@ class Shard:
             else:
                 pos = tree.positions(committed, t, parents).to(self.device)
                 masks = self._tree_masks(s.cache, committed, t, parents)
-            rope = self.rotary(h, position_ids=pos)
+            ropes = self.rotary(h, pos)
             for i, layer in zip(range(self.span.start, self.span.end), self.layers):
-                h = layer(h, attention_mask=masks[self.layer_types[i]], position_embeddings=rope,
+                kind = self.layer_types[i]
+                h = layer(h, attention_mask=masks[kind], position_embeddings=ropes[kind],
                           position_ids=pos, cache=s.cache, use_cache=True)
         s.length = committed + t
         return h
@@ -186,6 +192,9 @@ class Shard:
             full = tree.attention_mask(committed, t, parents, window, self.device)
             length, offset = cache.get_mask_sizes(t, layer)
             masks[kind] = full[..., offset : offset + length]
+            if self.config._attn_implementation == "eager":  # eager attention adds its mask to the scores
+                masks[kind] = torch.zeros_like(masks[kind], dtype=self.dtype).masked_fill(
+                    ~masks[kind], torch.finfo(self.dtype).min)
         return masks
 
     @torch.inference_mode()
@@ -193,7 +202,7 @@ class Shard:
         """The final normalised hidden states at every position (what a feature draft reads) and the logits at
         the last n_logits."""
         feats = self.norm(h.to(self.device, self.dtype))
-        return feats, self.lm_head(feats[..., -n_logits:, :]).float()
+        return feats, self.family.logits(self.config, self.lm_head(feats[..., -n_logits:, :])).float()
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.finish(h, h.shape[-2])[1]

@@ -38,3 +38,11 @@ def forward_frame(msg: dict, hidden_size: int) -> torch.Tensor:
         if msg["n_logits"] > x.shape[1]:
             raise wire.WireError("fwd: more drafts than positions")
     return x
+
+
+def progress(msg: dict) -> dict | None:
+    """A member's 'progress' message: the file it fetches and the bytes done of all it needs; None once done."""
+    if not msg.get("active"):
+        return None
+    total, done = need(msg, "total", int, 0), need(msg, "done", int, 0)
+    return {"file": str(msg.get("file", ""))[:200], "done": min(done, total), "total": total}

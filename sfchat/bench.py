@@ -158,11 +158,12 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
     from peers import models
 
     from peers import device as dev
-    from peers.memory import default_device
+    from peers.memory import default_device, pick_dtype
 
     # the baseline runs where the ring runs, in its dtype: the same device makes the ratio mean something
     device = args.device or default_device()
-    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        pick_dtype(args.dtype, str(device))]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).to(device).eval()
     assistant, extra = None, {}
     if "transformers-assisted" in modes:

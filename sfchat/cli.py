@@ -17,7 +17,8 @@ from peers.errors import RingError
 
 from . import __version__
 
-MODEL_HELP = "a model directory, a hub id in the local Hugging Face cache, a .gguf file, or smollm2-135m"
+MODEL_HELP = ("a hub id ORG/NAME[@REVISION] (fetched into the Hugging Face cache, each machine only its layers), "
+              "a model directory, a .gguf file, or smollm2-135m")
 TOKEN_ENV = "SFCHAT_TOKEN"
 SERVE_DEFAULT = "127.0.0.1:8000"
 DRAFT_HELP = "auto (on: the best known), none (off), ngram (prompt lookup), or a draft model (same names as --model)"
@@ -74,10 +75,11 @@ def draft_word(text: str) -> str:
     return DRAFT_WORDS.get(text, text)
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help=MODEL_HELP + " (default: smollm2-135m)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="the weights' and activations' number format")
+def _model_args(p: argparse.ArgumentParser, model_help: str = MODEL_HELP + " (default: smollm2-135m)") -> None:
+    p.add_argument("--model", help=model_help)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="the weights' and activations' number format; auto: bfloat16 on recent CUDA GPUs, "
+                   "float16 on older ones, float32 on the CPU")
     p.add_argument("--quant", default="none", choices=["none", "int8", "nf4"],
                    help="quantize the weights while loading (int8, nf4: bitsandbytes, CUDA)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda if present)")
@@ -117,7 +119,9 @@ def parser() -> argparse.ArgumentParser:
     def command(name: str, text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
-    p = command("pull", f"fetch and convert the embedded default model ({models.DEFAULT_MODEL})")
+    p = command("pull", f"fetch a whole model: a hub id ORG/NAME[@REVISION], or the embedded default "
+                        f"({models.DEFAULT_MODEL}, converted once)")
+    p.add_argument("model", nargs="?", help="ORG/NAME[@REVISION] (default: the embedded model)")
 
     p = command("ask", "answer one prompt and exit")
     p.add_argument("prompt", help="the question (one turn, no system prompt)")
@@ -170,7 +174,7 @@ def parser() -> argparse.ArgumentParser:
     p = command("join", "join a ring as a peer")
     p.add_argument("address", help="the host's HOST:PORT, or relay://RELAY/RING/host from a relayed invite")
     p.add_argument("--token", help="the join token from the invite (or the environment variable SFCHAT_TOKEN)")
-    _model_args(p)
+    _model_args(p, model_help="default: the model the host names (" + MODEL_HELP + ")")
     p.add_argument("--listen", default="0.0.0.0:0", help="HOST:PORT for hidden states from the previous hop")
     p.add_argument("--advertise", help="HOST:PORT others should use to reach this peer (default: the address "
                    "the host sees)")
@@ -232,7 +236,11 @@ def user_error(e: BaseException) -> BaseException | None:
 
 
 def cmd_pull(args) -> int:
-    models.pull_default(say=lambda *a: print(*a, file=sys.stderr))
+    say = lambda *a: print(*a, file=sys.stderr)  # noqa: E731
+    if args.model in (None, models.DEFAULT_MODEL):
+        models.pull_default(say=say)
+    else:
+        say(f"{args.model} is in {models.resolve(args.model, say=say)}")
     return 0
 
 

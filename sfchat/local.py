@@ -26,7 +26,7 @@ def local_name(i: int) -> str:
 
 
 class LocalPeers:
-    def __init__(self, n: int, host_addr: str, token: str, *, model: str | None = None, dtype: str = "float32",
+    def __init__(self, n: int, host_addr: str, token: str, *, model: str | None = None, dtype: str = "auto",
                  quant: str = "none", extra: list[str] | None = None):
         self.procs: list[subprocess.Popen] = []
         logs = cache_dir() / "logs"

@@ -38,10 +38,11 @@ async def open_ring(args, *, wait_peers: int = 0, announce: bool = True, host: H
     """Serve a host, start --local-peers, wait for them and any --wait-peers joiners, plan; close it all after."""
     host = host or build_host(args)
     tokenizer = load_tokenizer(host.model_dir)
+    n_local = getattr(args, "local_peers", 0) or 0
+    host.plan_at_start = not (n_local or wait_peers)  # members are coming: plan (and fetch) once they are here
     async with trio.open_nursery() as nursery:
         await nursery.start(host.serve)
-        n_local = getattr(args, "local_peers", 0) or 0
-        local = LocalPeers(n_local, host.relay_address or host.address, host.token, model=args.model,
+        local = LocalPeers(n_local, host.relay_address or host.address, host.token, model=host.source.spec,
                            dtype=args.dtype, quant=args.quant,
                            extra=["--tls", host.tls.fingerprint] if host.tls.enabled else None) if n_local else None
         try:

@@ -1,4 +1,4 @@
-"""Model resolution: clear one-line errors, never a download from a hub."""
+"""Model resolution: clear one-line errors; a hub id already in the Hugging Face cache runs offline."""
 import os
 
 from helpers import reference_ids, sfchat
@@ -18,16 +18,19 @@ def test_missing_model_is_one_clear_line(tmp_path):
     p = sfchat("ask", "hi", "--model", str(tmp_path / "nope"), check=False)
     assert p.returncode == 1
     assert p.stderr.strip().splitlines() == [p.stderr.strip().splitlines()[-1]]
-    assert "hub id in the local cache" in p.stderr
+    assert "hub id ORG/NAME" in p.stderr
 
 
 def test_hub_id_in_the_local_cache_is_found(tiny_llama, tmp_path, monkeypatch):
-    snap = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "abc123"
-    snap.parent.mkdir(parents=True)
-    os.symlink(tiny_llama, snap)
-    (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()
-    (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("abc123")
+    """A snapshot another tool left in the cache runs with HF_HUB_OFFLINE=1 (tests/test_hub.py fetches them)."""
+    commit = "c0ffee" * 6 + "c0ff"
+    root = tmp_path / "hub" / "models--acme--tiny"
+    (root / "snapshots").mkdir(parents=True)
+    os.symlink(tiny_llama, root / "snapshots" / commit)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(commit)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from helpers import ask_json
     got = ask_json("hello", "--model", "acme/tiny", "--max-new-tokens", "4", "--draft", "none", "--temperature", "0")
     assert got["token_ids"] == reference_ids(tiny_llama, "hello", 4)  # the cached snapshot is the model that ran

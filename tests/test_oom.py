@@ -13,11 +13,11 @@ from peers.errors import FitError
 from peers.plan import ModelSize, Offer, host_bytes, layer_bytes, pass_bytes
 from peers.sampling import SamplingParams
 
-OOM = r"member \d \(local2\) ran out of memory on cpu {doing} \([\d.]+ [MG]B in use, peak [\d.]+ [MG]B, [\d.]+ [MG]B free\)"
+OOM = r"member \d \(local-b\) ran out of memory on cpu {doing} \([\d.]+ [MG]B in use, peak [\d.]+ [MG]B, [\d.]+ [MG]B free\)"
 
 
 def test_out_of_memory_in_a_pass_replans_without_the_member(tiny_llama, monkeypatch):
-    monkeypatch.setenv("SFCHAT_TEST_OOM", "local2:pass")
+    monkeypatch.setenv("SFCHAT_TEST_OOM", "local-b:pass")
     prompt = "hello world, the quick brown fox"
 
     async def main():
@@ -31,14 +31,14 @@ def test_out_of_memory_in_a_pass_replans_without_the_member(tiny_llama, monkeypa
     ids, events, members, ring = trio.run(main)
     errors = [e["error"] for e in events if e.get("event") == "recovering"]
     assert errors and re.fullmatch(OOM.format(doing=r"in a pass of \d+ positions"), errors[0]), errors
-    (local2,) = [m for m in members if m[0] == "local2"]
-    assert local2[1] == "failed" and "ran out of memory" in local2[2]
-    assert [m.name for m in ring] == ["local1"]
+    (local_b,) = [m for m in members if m[0] == "local-b"]
+    assert local_b[1] == "failed" and "ran out of memory" in local_b[2]
+    assert [m.name for m in ring] == ["local-a"]
     assert ids == reference_ids(tiny_llama, prompt, 12)  # the answer, exact, from the ring without it
 
 
 def test_out_of_memory_loading_when_the_rest_cannot_hold_the_model(tiny_llama, monkeypatch):
-    monkeypatch.setenv("SFCHAT_TEST_OOM", "local2:load")
+    monkeypatch.setenv("SFCHAT_TEST_OOM", "local-b:load")
     m = ModelSize.of(checkpoint.read_config(tiny_llama), checkpoint.tensor_shapes(tiny_llama))
     ctx = m.default_context()
     layer, run = layer_bytes(m, Offer("x", 0), ctx), pass_bytes(m, "float32", ctx)

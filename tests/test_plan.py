@@ -2,23 +2,7 @@
 import pytest
 
 from peers.plan import (GB, FitError, ModelSize, Offer, kv_bytes, pass_chunks, plan, split_layers, weight_bytes)
-
-
-def qwen2_shapes(n_layers, hidden, inter, heads, kv_heads, vocab, tied=False):
-    """The tensor shapes of a Qwen2-layout checkpoint (q/k/v with biases), as its safetensors headers list them."""
-    hd = hidden // heads
-    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden]}
-    if not tied:
-        shapes["lm_head.weight"] = [vocab, hidden]
-    for i in range(n_layers):
-        p = f"model.layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": [heads * hd, hidden], p + "self_attn.q_proj.bias": [heads * hd],
-                   p + "self_attn.k_proj.weight": [kv_heads * hd, hidden], p + "self_attn.k_proj.bias": [kv_heads * hd],
-                   p + "self_attn.v_proj.weight": [kv_heads * hd, hidden], p + "self_attn.v_proj.bias": [kv_heads * hd],
-                   p + "self_attn.o_proj.weight": [hidden, heads * hd], p + "mlp.gate_proj.weight": [inter, hidden],
-                   p + "mlp.up_proj.weight": [inter, hidden], p + "mlp.down_proj.weight": [hidden, inter],
-                   p + "input_layernorm.weight": [hidden], p + "post_attention_layernorm.weight": [hidden]}
-    return shapes
+from tiny import qwen2_shapes
 
 
 def qwen25_7b() -> ModelSize:

@@ -18,11 +18,14 @@ SIZE = (140, 42)
 MB = 2**20
 MEMBERS = [
     {"id": 0, "name": "host", "address": "192.168.1.10:7340", "device": "cuda", "layers": "0-9", "state": "ready",
-     "rtt_ms": 0.0, "memory_bytes": 1900 * MB, "free_bytes": 0},
+     "rtt_ms": 0.0, "memory_bytes": 1900 * MB, "peak_memory_bytes": 2300 * MB,
+     "free_bytes": 0},
     {"id": 1, "name": "laptop", "address": "192.168.1.21:40111", "device": "cpu", "layers": "10-19",
-     "state": "ready", "rtt_ms": 1.84, "memory_bytes": 820 * MB, "free_bytes": 0},
+     "state": "ready", "rtt_ms": 1.84, "memory_bytes": 820 * MB, "peak_memory_bytes": 960 * MB,
+     "free_bytes": 0},
     {"id": 2, "name": "desktop", "address": "192.168.1.33:40222", "device": "cuda", "layers": "20-29",
-     "state": "loading", "rtt_ms": 3.2, "memory_bytes": 410 * MB, "free_bytes": 0},
+     "state": "loading", "rtt_ms": 3.2, "memory_bytes": 410 * MB, "peak_memory_bytes": 410 * MB,
+     "free_bytes": 0},
     {"id": 3, "name": "old-pc", "address": "192.168.1.40:40333", "device": "cpu", "layers": "", "state": "lost",
      "rtt_ms": None, "memory_bytes": 0, "free_bytes": 0},
 ]
@@ -76,7 +79,7 @@ def test_help_screen(snap_compare):
 
 def test_peer_screen(snap_compare):
     args = parser().parse_args(["join", "192.168.1.10:7340", "--token", "s3cr3t", "--name", "laptop"])
-    state = PeerState(state="ready", span=Span(10, 20, 30), device="cpu", rss=820 * MB, sessions=2, frames=314,
+    state = PeerState(state="ready", span=Span(10, 20, 30), device="cpu", rss=820 * MB, peak=960 * MB, sessions=2, frames=314,
                       compute_ms=[50 + (i * 37) % 23 for i in range(60)], next_hop="192.168.1.33:40222",
                       host="192.168.1.10:7340")
 

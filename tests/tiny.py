@@ -1,11 +1,12 @@
-"""Tiny random Llama / Qwen2 models and a real BPE tokenizer with a chat template, built inside the tests."""
+"""Tiny random models of every architecture sfchat splits, and a real BPE tokenizer with a chat template, built
+inside the tests."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -18,6 +19,23 @@ CORPUS = [
     "def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)",
     "quantum entanglement pipeline parallelism 0123456789",
 ] * 20
+
+
+# each architecture's model_type and the settings that exercise what it does differently (a window of 4 is far
+# shorter than any test's context)
+ARCHS = {
+    "llama": dict(model_type="llama"),
+    "llama3": dict(model_type="llama", rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                   low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=False),
+    "qwen3": dict(model_type="qwen3", head_dim=16, tie_word_embeddings=False),
+    "mistral": dict(model_type="mistral", sliding_window=4, tie_word_embeddings=False),
+    "phi3": dict(model_type="phi3", sliding_window=5, tie_word_embeddings=False),
+    "gemma2": dict(model_type="gemma2", head_dim=16, sliding_window=4, query_pre_attn_scalar=16,
+                   attn_logit_softcapping=20.0, final_logit_softcapping=10.0, alternate=True),
+    "gemma3": dict(model_type="gemma3_text", head_dim=16, sliding_window=4, query_pre_attn_scalar=16,
+                   final_logit_softcapping=10.0, rope_local_base_freq=100.0, alternate=True),
+}
 
 
 def make_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
@@ -43,12 +61,12 @@ def make_model(path: Path, arch: str = "llama", layers: int = 4, seed: int = 0, 
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     common |= config  # e.g. a wider MLP or more heads
-    if arch == "llama":
-        cfg = LlamaConfig(**common, tie_word_embeddings=True if tie is None else tie)
-    elif arch == "qwen2":
-        cfg = Qwen2Config(**common, tie_word_embeddings=False if tie is None else tie)
-    else:
-        raise ValueError(arch)
+    extra = dict(ARCHS[arch])
+    model_type, tied = extra.pop("model_type"), extra.pop("tie_word_embeddings", True)
+    if extra.pop("alternate", False):  # local and global layers in turn
+        extra["layer_types"] = [("sliding_attention", "full_attention")[i % 2] for i in range(layers)]
+    cfg = AutoConfig.for_model(model_type, **{**extra, **common})
+    cfg.tie_word_embeddings = tied if tie is None else tie
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     # random init is near-uniform; sharpen the head a little so greedy decoding has clear winners
@@ -58,3 +76,20 @@ def make_model(path: Path, arch: str = "llama", layers: int = 4, seed: int = 0, 
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def qwen2_shapes(n_layers, hidden, inter, heads, kv_heads, vocab, tied=False):
+    """The tensor shapes of a Qwen2-layout checkpoint (q/k/v with biases), as its safetensors headers list them."""
+    hd = hidden // heads
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden]}
+    if not tied:
+        shapes["lm_head.weight"] = [vocab, hidden]
+    for i in range(n_layers):
+        p = f"model.layers.{i}."
+        shapes |= {p + "self_attn.q_proj.weight": [heads * hd, hidden], p + "self_attn.q_proj.bias": [heads * hd],
+                   p + "self_attn.k_proj.weight": [kv_heads * hd, hidden], p + "self_attn.k_proj.bias": [kv_heads * hd],
+                   p + "self_attn.v_proj.weight": [kv_heads * hd, hidden], p + "self_attn.v_proj.bias": [kv_heads * hd],
+                   p + "self_attn.o_proj.weight": [hidden, heads * hd], p + "mlp.gate_proj.weight": [inter, hidden],
+                   p + "mlp.up_proj.weight": [inter, hidden], p + "mlp.down_proj.weight": [hidden, inter],
+                   p + "input_layernorm.weight": [hidden], p + "post_attention_layernorm.weight": [hidden]}
+    return shapes

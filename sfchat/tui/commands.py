@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from sfchat.settings import parse_k, parse_temperature
 
@@ -26,11 +25,11 @@ def check_draft(arg: str) -> str:
         raise ValueError("which drafter? on, off, ngram or a model")
     if arg in DRAFT_WORDS:
         return DRAFT_WORDS[arg]
-    from peers.models import DEFAULT_MODEL, hub_cache_snapshot
+    from peers.models import names_a_model
 
-    if arg != DEFAULT_MODEL and not Path(arg).expanduser().exists() and hub_cache_snapshot(arg) is None:
+    if not names_a_model(arg):
         raise ValueError(f"no draft model {arg!r}: on, off, ngram, a model directory, a .gguf file or a hub id "
-                         "in the local cache")
+                         "ORG/NAME")
     return arg
 
 

@@ -37,7 +37,7 @@ class PeerScreen(Screen):
         for row in (("state", st.state + (f" — {st.error}" if st.error else "")),
                     ("layers", str(st.span) if st.span else "—"),
                     ("device", st.device),
-                    ("memory", size(st.rss)),
+                    ("memory", f"{size(st.rss)} (peak {size(st.peak)})"),
                     ("sessions", f"{st.sessions} now, {st.frames} frames served"),
                     ("compute", f"{ms(st.compute_ms[-1])} last, {ms(sum(recent) / len(recent))} avg of "
                                 f"{len(recent)}" if recent else "—"),

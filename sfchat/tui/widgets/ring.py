@@ -1,5 +1,6 @@
-"""The ring panel: every member with address, layers, device, memory, round-trip time and state; the invite; with
---serve, the endpoint, its requests in flight and the conversations each member holds caches for."""
+"""The ring panel: every member with address, layers, device, memory in use and its peak (resident set on a CPU,
+allocated tensors on a GPU), round-trip time and state; the invite; with --serve, the endpoint, its requests in
+flight and the conversations each member holds caches for."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -10,8 +11,8 @@ from textual.widgets import DataTable, Static
 
 from .fmt import ms, size
 
-COLUMNS = ("name", "address", "layers", "device", "memory", "rtt", "state")
-WIDTHS = {"layers": 7, "memory": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
+COLUMNS = ("name", "address", "layers", "device", "memory", "peak", "rtt", "state")
+WIDTHS = {"layers": 7, "memory": 8, "peak": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
 STATE_STYLES = {"ready": "$success", "joining": "$warning", "loading": "$warning", "idle": "$text-muted",
                 "lost": "$error", "failed": "$error"}
 
@@ -38,7 +39,8 @@ class RingPanel(Horizontal):
     def show(self, members: list[dict], invite: str, serving: str = "") -> None:
         table = self.query_one(DataTable)
         rows = {str(m["id"]): (m["name"], m["address"], m["layers"] or "—", m["device"], size(m["memory_bytes"]),
-                               ms(m["rtt_ms"]), state_cell(m["state"])) for m in members}
+                               size(m.get("peak_memory_bytes")), ms(m["rtt_ms"]), state_cell(m["state"]))
+                for m in members}
         if list(rows) != [key.value for key in table.rows]:  # members came or went: rebuild
             table.clear()
             for key, cells in rows.items():
