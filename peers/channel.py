@@ -1,4 +1,5 @@
-"""A message channel over one trio stream: whole frames out, whole validated-size frames in."""
+"""A message channel over one trio stream: whole frames out, whole frames in through wire.FrameDecoder (its size
+checked before the body is read)."""
 from __future__ import annotations
 
 import socket
@@ -15,10 +16,12 @@ class ChannelClosed(Exception):
 
 
 class Channel:
-    def __init__(self, stream: trio.abc.Stream, name: str = "?", read_timeout: float = READ_TIMEOUT):
+    def __init__(self, stream: trio.abc.Stream, name: str = "?", read_timeout: float = READ_TIMEOUT,
+                 max_frame: int = wire.MAX_FRAME):
         self.stream = stream
         self.name = name
         self.read_timeout = read_timeout
+        self.decoder = wire.FrameDecoder(max_frame)
         self.send_lock = trio.Lock()
         set_nodelay(stream)
 
@@ -30,28 +33,23 @@ class Channel:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
                 raise ChannelClosed(f"{self.name}: {e}") from None
 
-    async def _read_exactly(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            try:
-                chunk = await self.stream.receive_some(min(n - len(buf), 1 << 20))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-                raise ChannelClosed(f"{self.name}: {e}") from None
-            if not chunk:
-                raise ChannelClosed(f"{self.name}: connection closed")
-            buf += chunk
-        return bytes(buf)
-
     async def recv(self, timeout: float | None = None) -> dict:
-        """The next message; raises ChannelClosed on EOF, timeout, or a malformed frame."""
+        """The next message; raises ChannelClosed on EOF or timeout, WireError on a malformed frame.
+
+        It reads no further than the end of that frame, so a stream handed on after a message (a relay's
+        "connected") keeps every byte that follows."""
         limit = self.read_timeout if timeout is None else timeout
         with trio.move_on_after(limit) as scope:
-            header = await self._read_exactly(wire.HEADER.size)
-            n = wire.frame_length(header)  # size checked before the body is read
-            body = await self._read_exactly(n)
-        if scope.cancelled_caught:
-            raise ChannelClosed(f"{self.name}: no message within {limit:.0f} s")
-        return wire.decode_body(body)
+            while True:
+                try:
+                    chunk = await self.stream.receive_some(min(self.decoder.needed(), 1 << 20))
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                    raise ChannelClosed(f"{self.name}: {e}") from None
+                if not chunk:
+                    raise ChannelClosed(f"{self.name}: connection closed")
+                if msgs := self.decoder.feed(chunk):
+                    return msgs[0]
+        raise ChannelClosed(f"{self.name}: no message within {limit:.0f} s")
 
     async def error(self, text: str) -> None:
         """Tell the other side what went wrong, then close."""

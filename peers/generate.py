@@ -50,11 +50,11 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
                    overlap: bool = True, max_retries: int = 3) -> Result:
     """Extend `tokens` (the whole conversation so far) in place; returns the new ids and the statistics.
 
-    Each round is one `Rounds.step`. A failed pass commits nothing: the ring is re-planned and the round tried
+    Each round is one `Speculation.round`. A failed pass commits nothing: the ring is re-planned and the round tried
     again, up to max_retries failures in a row (a long answer may ride out several incidents)."""
     if params.seed is None:
         params.seed = random.randrange(2**31)
-    rounds_of = Rounds(host, rs, drafter, params, policy, eos, overlap)
+    speculation = Speculation(host, rs, drafter, params, policy, eos, overlap)
     stats, rounds, start = RunningStats(), [], len(tokens)
     finish, retries = "length", 0
     while len(tokens) - start < max_new_tokens:
@@ -63,7 +63,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             break
         epoch = host.epoch  # the plan this round starts under: a failure is recovered from once per plan
         try:
-            r, new, at_eos = await rounds_of.step(tokens, max_new_tokens - (len(tokens) - start))
+            r, new, at_eos = await speculation.round(tokens, max_new_tokens - (len(tokens) - start))
         except RingError as failure:
             retries += 1
             if retries > max_retries:
@@ -72,7 +72,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             if on_round is not None:
                 on_round({"event": "recovering", "error": str(failure)})
             await host.recover(epoch)
-            rounds_of.ahead = None
+            speculation.ahead = None
             continue
         retries = 0
         stats.add(r)
@@ -86,7 +86,7 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
 
 
 @dataclass
-class Rounds:
+class Speculation:
     """The rounds of one answer: what they share, and the look-ahead one round leaves to the next."""
 
     host: Host
@@ -98,7 +98,7 @@ class Rounds:
     overlap: bool
     ahead: Ahead | None = None
 
-    async def step(self, tokens: list[int], left: int) -> tuple[RoundStats, list[int], bool]:
+    async def round(self, tokens: list[int], left: int) -> tuple[RoundStats, list[int], bool]:
         """One round: plan, draft, pass, verify, commit. Appends at most `left` tokens to `tokens` and returns the
         round's statistics, the new tokens and whether they end at an end-of-sequence token. A failed pass raises
         RingError with nothing committed."""

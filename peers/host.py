@@ -23,7 +23,8 @@ from .membership import Member, Roster, downloading
 from .plan import ModelSize, pass_chunks
 from .planning import Planner, Target
 from .ring_session import RingSession
-from .shard import DTYPES, load_config
+from .shard import load_config
+from .tensors import DTYPES
 from .threads import call_with_threads
 from .tls import Endpoint as TLSEndpoint
 

@@ -10,11 +10,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 
 from . import validate, wire
 from .channel import Channel, ChannelClosed, peername
+from .control import ControlLink
 from .plan import Span
 
 log = logging.getLogger("sfchat.host")
@@ -93,9 +95,8 @@ class Roster:
 
     async def admit(self, ch: Channel, hello: dict, stream) -> None:
         """A joiner after its handshake: take its offer, then follow its control link until it ends."""
-        offer = await ch.recv(timeout=10)
-        if offer["t"] != "offer":
-            raise wire.WireError("expected an offer after the handshake")
+        link = ControlLink(ch, "host")
+        offer = await link.recv(timeout=10)
         ip = peername(stream).rpartition(":")[0]
         port = validate.need(offer, "data_port", int, 1)
         addr = offer.get("advertise") or f"{ip}:{port}"
@@ -114,8 +115,9 @@ class Roster:
             self.joined.notify_all()
         self.on_join()
         try:
-            while True:
-                self._heard(m, await ch.recv())
+            await link.follow({t: partial(self._heard, m, handle)
+                               for t, handle in (("pong", _pong), ("ready", _ready), ("progress", _progress),
+                                                 ("fail", _fail))})
         except ChannelClosed as e:  # the reason a pass waiting on this member reports
             m.error = m.error or str(e).removeprefix(f"{ch.name}: ") or "its connection closed"
             raise
@@ -128,25 +130,9 @@ class Roster:
                         m.error)
                 self.on_change()
 
-    def _heard(self, m: Member, msg: dict) -> None:
+    async def _heard(self, m: Member, handle, msg: dict) -> None:
         m.last_seen = time.monotonic()
-        if msg["t"] == "pong" and isinstance(msg.get("n"), float):
-            m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
-            m.sessions = int(msg.get("sessions") or 0)
-            m.reported(msg)
-        elif msg["t"] == "ready" and msg.get("epoch") == m.epoch:
-            m.state, m.download = "ready", None
-            m.reported(msg)
-            m.ready.set()
-        elif msg["t"] == "progress":
-            m.download = validate.progress(msg)
-        elif msg["t"] == "fail":
-            m.state, m.error, m.oom = "failed", str(msg.get("error")), bool(msg.get("oom"))
-            m.download = None
-            log.error("member %d cannot serve: %s", m.id, m.error)
-            m.ready.set()
-        elif msg["t"] == "error":
-            raise ChannelClosed(str(msg.get("error")))
+        handle(m, msg)
         self.on_change()
 
     async def heartbeat(self) -> None:
@@ -191,3 +177,28 @@ class Roster:
                     await m.ctl.send(msg)
             except ChannelClosed:
                 pass
+
+
+def _pong(m: Member, msg: dict) -> None:
+    if isinstance(msg.get("n"), float):  # our own perf_counter from the ping
+        m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
+        m.sessions = int(msg.get("sessions") or 0)
+        m.reported(msg)
+
+
+def _ready(m: Member, msg: dict) -> None:
+    if msg.get("epoch") == m.epoch:  # not a late answer to an older plan
+        m.state, m.download = "ready", None
+        m.reported(msg)
+        m.ready.set()
+
+
+def _progress(m: Member, msg: dict) -> None:
+    m.download = validate.progress(msg)
+
+
+def _fail(m: Member, msg: dict) -> None:
+    m.state, m.error, m.oom = "failed", str(msg.get("error")), bool(msg.get("oom"))
+    m.download = None
+    log.error("member %d cannot serve: %s", m.id, m.error)
+    m.ready.set()

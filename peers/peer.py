@@ -16,6 +16,7 @@ import trio
 from . import device, hub, links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
+from .control import ControlLink
 from .memory import default_device, free_bytes, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes, usage
 from .plan import Span
 from .shard import Shard
@@ -99,25 +100,22 @@ class Peer:
                 nursery.cancel_scope.cancel()
 
     async def _control(self, ctl: Channel, nursery) -> None:
-        while True:
-            msg = await ctl.recv()
-            t = msg["t"]
-            if t == "ping":
-                await ctl.send({"t": "pong", "n": msg.get("n"), "sessions": len(self.sessions), **self._memory()})
-            elif t == "assign":  # loading takes a while: keep answering pings meanwhile
-                nursery.start_soon(self._take_assignment, ctl, msg)
-            elif t == "drop":
-                self.sessions.pop(str(msg.get("sid")), None)
-                self.dropped.append(str(msg.get("sid")))
-                self._changed(sessions=len(self.sessions))
-            elif t == "bye":
-                log.info("the host closed the ring")
-                return
-            elif t == "error":
-                raise ChannelClosed(f"host: {msg.get('error')}")
-            else:
-                await ctl.error(f"unknown message {t!r}")
-                return
+        async def ping(msg: dict) -> None:
+            await ctl.send({"t": "pong", "n": msg.get("n"), "sessions": len(self.sessions), **self._memory()})
+
+        async def assign(msg: dict) -> None:  # loading takes a while: keep answering pings meanwhile
+            nursery.start_soon(self._take_assignment, ctl, msg)
+
+        async def drop(msg: dict) -> None:
+            self.sessions.pop(str(msg.get("sid")), None)
+            self.dropped.append(str(msg.get("sid")))
+            self._changed(sessions=len(self.sessions))
+
+        try:
+            await ControlLink(ctl, "member").follow({"ping": ping, "assign": assign, "drop": drop})
+        except wire.WireError as e:
+            return await ctl.error(str(e))
+        log.info("the host closed the ring")
 
     async def _take_assignment(self, ctl: Channel, msg: dict) -> None:
         async with self.assign_lock:

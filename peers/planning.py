@@ -20,7 +20,8 @@ from .membership import Member, Roster
 from .pass_gate import PassGate
 from .memory import free_bytes
 from .plan import QUANT_BYTES, ModelSize, Offer, plan
-from .shard import DTYPES, Shard
+from .shard import Shard
+from .tensors import DTYPES
 from .tls import Endpoint as TLSEndpoint
 
 log = logging.getLogger("sfchat.host")

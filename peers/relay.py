@@ -70,9 +70,9 @@ class Relay:
             stream = await self.tls.accept(stream)
         except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
             return log.info("%s: TLS handshake failed: %s", who, e)
-        ch = Channel(stream, who)  # also sets TCP_NODELAY
+        ch = Channel(stream, who, max_frame=MAX_REQUEST)  # also sets TCP_NODELAY
         try:
-            msg = await recv_small(ch, HELLO_TIMEOUT)
+            msg = await ch.recv(HELLO_TIMEOUT)
             kind = msg["t"]
             if kind == "register":
                 await self._register(ch, msg, who)
@@ -98,7 +98,7 @@ class Relay:
         try:
             await ch.send({"t": "registered", "name": name})
             while True:
-                m = await recv_small(ch, KEEPALIVE_TIMEOUT)
+                m = await ch.recv(KEEPALIVE_TIMEOUT)
                 if m["t"] != "ping":
                     raise wire.WireError(f"unexpected {m['t']!r} on a control link")
                 await ch.send({"t": "pong"})
@@ -146,14 +146,6 @@ class Relay:
         p.ch = ch
         p.accepted.set()
         await p.done.wait()  # the dialer's task splices; this stream must stay open until it is done
-
-
-async def recv_small(ch: Channel, timeout: float) -> dict:
-    """Like Channel.recv, with frames limited to MAX_REQUEST bytes."""
-    with trio.move_on_after(timeout):
-        header = await ch._read_exactly(wire.HEADER.size)
-        return wire.decode_body(await ch._read_exactly(wire.frame_length(header, MAX_REQUEST)))
-    raise ChannelClosed(f"{ch.name}: nothing within {timeout:.0f} s")
 
 
 async def splice(a: trio.abc.Stream, b: trio.abc.Stream, shaping: Shaping, counts: list[int]) -> None:

@@ -19,9 +19,7 @@ from .checkpoint import weight_files
 from .memory import release_freed
 from .models import ModelError
 from .plan import Span
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
+from .tensors import DTYPES
 
 @dataclass
 class SessionCache:

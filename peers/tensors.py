@@ -9,7 +9,7 @@ import torch
 from .wire import WireError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}  # dtype names, on the wire and in --dtype, mean these
 
 
 def pack_tensor(t: torch.Tensor, wire_dtype: torch.dtype | None = None) -> dict:

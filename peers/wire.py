@@ -14,7 +14,6 @@ MAX_DEPTH = 16
 HEADER = struct.Struct(">I")
 
 
-
 class WireError(ValueError):
     """A frame or message that breaks the protocol."""
 
@@ -62,3 +61,10 @@ class FrameDecoder:
             del self.buf[: HEADER.size + n]
             out.append(decode_body(body))
         return out
+
+    def needed(self) -> int:
+        """Bytes still missing from the next frame (its header first): a reader that asks for no more never
+        takes a byte that follows the frame."""
+        if len(self.buf) < HEADER.size:
+            return HEADER.size - len(self.buf)
+        return HEADER.size + frame_length(bytes(self.buf[: HEADER.size]), self.limit) - len(self.buf)

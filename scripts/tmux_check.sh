@@ -34,6 +34,16 @@ wait_for() {
     done
 }
 
+# settle SECONDS COMMAND...: until the command succeeds (false after SECONDS)
+settle() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        [ $SECONDS -lt $deadline ] || return 1
+        sleep 0.1
+    done
+}
+
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
 # echo_keys LABEL: type a few keys one at a time, each timed from send-keys until the prompt line shows it.
@@ -66,7 +76,9 @@ tmux new-session -d -s "$SESSION" -x 150 -y 45 \
 t0=$SECONDS
 wait_for "^  ready: " 180
 echo "the ring was ready after $((SECONDS - t0)) s"
-for i in $(seq 1 "$PEERS"); do wait_for "local$i .* ready" 60; done  # members joining late re-plan the ring
+for name in $(echo abcdefghij | cut -c1-"$PEERS" | fold -w1); do  # local-a, local-b, …
+    wait_for "local-$name .* ready" 60  # members joining late re-plan the ring
+done
 TOKEN="$(pane | grep -o -- '--token [A-Za-z0-9_-]*' | head -1 | cut -d' ' -f2)"
 [ -n "$TOKEN" ] || fail "no invite with a token on screen"
 show "ready"
@@ -76,26 +88,25 @@ tmux send-keys -t "$SESSION" C-u
 tmux send-keys -t "$SESSION" -l "$PROMPT"
 tmux send-keys -t "$SESSION" Enter
 wait_for "answering" 30
-wait_for "tok/round" 60
+wait_for "tokens/trip +[0-9]" 60  # the stats panel shows the rounds
 echo_keys "while generating"
 wait_for "^  ready( |$)" 120  # the status line under the prompt
 show "answered"
 if [ -n "$EXPECT" ]; then pane | grep -qF "$EXPECT" || fail "the answer does not mention '$EXPECT'"; fi
-pane | grep -Eq "tok/round +[0-9]" || fail "no tokens per round in the stats panel"
+pane | grep -Eq "tokens/trip +[0-9]" || fail "no tokens per round in the stats panel"
 
 tmux send-keys -t "$SESSION" C-u
 wait_for "▊  Ask anything" 10  # the typed-while-generating keys are cleared before the command is typed
 tmux send-keys -t "$SESSION" -l "/temp 0.5"
 wait_for "▊  /temp 0.5" 10
 tmux send-keys -t "$SESSION" Enter
-sleep 1
-grep -q "temperature = 0.5" "$SFCHAT_CONFIG_DIR/settings.toml" || fail "/temp did not reach the settings file"
+settle 10 grep -q "temperature = 0.5" "$SFCHAT_CONFIG_DIR/settings.toml" 2>/dev/null \
+    || fail "/temp did not reach the settings file"
 ls "$SFCHAT_DATA_DIR"/chats/*.json >/dev/null 2>&1 || fail "the chat was not saved"
 
 tmux send-keys -t "$SESSION" C-q
 wait_for "EXITED 0" 30
 show "after Ctrl+Q"
 pane | grep -qF "sfchat host --resume" || fail "no resume hint after quitting"
-sleep 1
-if pgrep -f -- "--token $TOKEN" >/dev/null; then fail "processes of this ring are still running"; fi
+settle 10 eval '! pgrep -f -- "--token $TOKEN" >/dev/null' || fail "processes of this ring are still running"
 echo "OK: tmux check passed"

@@ -156,14 +156,13 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
 
     from peers.chat import render
     from peers import models
-
     from peers import device as dev
     from peers.memory import default_device, pick_dtype
+    from peers.tensors import DTYPES
 
     # the baseline runs where the ring runs, in its dtype: the same device makes the ratio mean something
     device = args.device or default_device()
-    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
-        pick_dtype(args.dtype, str(device))]
+    dt = DTYPES[pick_dtype(args.dtype, str(device))]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).to(device).eval()
     assistant, extra = None, {}
     if "transformers-assisted" in modes:
@@ -224,7 +223,7 @@ async def shaped_relay(delay_ms: float):
     if delay_ms <= 0:
         yield None
         return
-    from .local import _die_with_parent
+    from .local import _die_with_parent, stop
 
     proc = subprocess.Popen([sys.executable, "-m", "sfchat", "relay", "--listen", "127.0.0.1:0", "--delay-ms",
                              f"{delay_ms:.4f}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -236,12 +235,7 @@ async def shaped_relay(delay_ms: float):
             raise RuntimeError(f"the relay did not start: {line!r}")
         yield line.split()[3]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop([proc])
 
 
 async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], advance) -> list[Row]:

@@ -25,6 +25,19 @@ def local_name(i: int) -> str:
     return "local-" + (chr(ord("a") + i) if i < 26 else str(i + 1))
 
 
+def stop(procs: list[subprocess.Popen], timeout: float = 5) -> None:
+    """SIGTERM each child process (all at once, so their exits overlap), SIGKILL any still there after timeout."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 class LocalPeers:
     def __init__(self, n: int, host_addr: str, token: str, *, model: str | None = None, dtype: str = "auto",
                  quant: str = "none", extra: list[str] | None = None):
@@ -52,15 +65,7 @@ class LocalPeers:
                 raise RuntimeError(f"a local peer (pid {p.pid}) exited with {p.returncode}: {tail[0]}")
 
     def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop(self.procs)
         for path in self.log_paths:
             path.unlink(missing_ok=True)
 

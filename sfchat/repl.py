@@ -13,13 +13,12 @@ import trio
 
 from peers.adaptive import KPolicy
 from peers.chat import Chat
-from peers.drafting import make_drafter
 from peers.sampling import SamplingParams
 
 from . import settings as settings_mod
 from . import store
 from .ask import length_note
-from .runtime import build_host, invite_for, open_ring
+from .runtime import build_host, invite_for, new_drafter, open_ring
 from .serve.command import serving_beside
 from .tui.commands import HELP, CommandError, parse
 
@@ -100,8 +99,7 @@ async def _repl(args, lines: Lines) -> int:
     async with open_ring(args, host=host) as ring:
         lines.say(f"sfchat host on {host.address}. On each other machine run:\n  {invite_for(args, host)}")
         lines.say("Type a prompt, or /help.")
-        drafter = make_drafter(args.draft, host.model_dir, host.config.vocab_size, ring.tokenizer,
-                               device=host.device, say=lines.say)
+        drafter = new_drafter(args.draft, ring, say=lines.say)
         chat = Chat(host, ring.tokenizer, ring.eos)
         policy = KPolicy(pinned=args.k)
         async with serving_beside(ring, drafter, args, say=lines.say):  # with --serve
@@ -129,8 +127,7 @@ async def _repl(args, lines: Lines) -> int:
                     elif cmd.name == "draft":
                         try:
                             drafter = await trio.to_thread.run_sync(
-                                lambda: make_drafter(cmd.value, host.model_dir, host.config.vocab_size, ring.tokenizer,
-                                                     device=host.device, say=lines.say))
+                                lambda: new_drafter(cmd.value, ring, say=lines.say))
                         except Exception as e:  # noqa: BLE001 - a draft that does not load is not saved
                             lines.say(f"/draft: cannot use {cmd.value}: {e}")
                             continue

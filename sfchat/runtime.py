@@ -72,5 +72,10 @@ def invite_for(args, host: Host) -> invite.Invite:
 
 
 def drafter_for(args, ring: Ring):
-    return make_drafter(getattr(args, "draft", None), ring.host.model_dir, ring.host.config.vocab_size,
-                        ring.tokenizer, device=ring.host.device, say=say)
+    return new_drafter(getattr(args, "draft", None), ring)
+
+
+def new_drafter(spec: str | None, ring: Ring, say=say):
+    """The drafter `spec` names (--draft), for the ring's target model."""
+    return make_drafter(spec, ring.host.model_dir, ring.host.config.vocab_size, ring.tokenizer,
+                        device=ring.host.device, say=say)

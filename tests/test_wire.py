@@ -21,6 +21,19 @@ def test_frames_round_trip_whatever_the_chunking(fields, chunk):
     assert out == [msg] * 3 and not dec.buf
 
 
+@given(st.dictionaries(st.text(max_size=8), MSG, max_size=5), st.binary(min_size=1, max_size=20))
+def test_reading_what_is_needed_stops_at_the_frame_end(fields, after):
+    """A channel reads what the decoder still needs: one frame out, and the bytes after it left unread."""
+    msg = {**fields, "t": "x"}
+    data = wire.encode(msg) + after
+    dec, pos, out = wire.FrameDecoder(), 0, []
+    while not out:
+        n = dec.needed()
+        assert n > 0
+        out, pos = dec.feed(data[pos:pos + n]), pos + n
+    assert out == [msg] and data[pos:] == after and not dec.buf
+
+
 @given(st.binary(max_size=300))
 @settings(max_examples=300)
 def test_random_bytes_never_crash_the_decoder(data):

@@ -51,7 +51,7 @@ def kv_bytes_per_position(config, n_layers: int, itemsize: int) -> int:
 def default_limit(host) -> int:
     """As many full-context conversations as the tightest stage's free memory holds, within [1, 16]."""
     from peers.memory import free_bytes
-    from peers.shard import DTYPES
+    from peers.tensors import DTYPES
 
     c, itemsize = host.config, DTYPES[host.dtype].itemsize
     ctx = getattr(c, "max_position_embeddings", 2048) or 2048

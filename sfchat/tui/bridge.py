@@ -17,7 +17,6 @@ import trio
 
 from peers.adaptive import KPolicy
 from peers.chat import Chat
-from peers.drafting import make_drafter
 from peers.host import Host
 from peers.peer import PeerState
 from peers.sampling import SamplingParams
@@ -213,8 +212,7 @@ class Engine(Worker):
         if spec != self.draft_spec:
             ring = self.ring
             self.drafter = await trio.to_thread.run_sync(
-                lambda: make_drafter(spec, ring.host.model_dir, ring.host.config.vocab_size, ring.tokenizer,
-                                     device=ring.host.device, say=self._say))
+                lambda: new_drafter(spec, ring, say=self._say))
             self.draft_spec = spec
 
     async def _check_draft(self, spec: str) -> None:
