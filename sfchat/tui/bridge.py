@@ -21,7 +21,7 @@ from peers.host import Host
 from peers.peer import PeerState
 from peers.sampling import SamplingParams
 from sfchat.join import join_ring
-from sfchat.runtime import build_host, invite_for, open_ring
+from sfchat.runtime import build_host, invite_for, new_drafter, open_ring
 from sfchat.serve.command import serving_beside
 
 from .messages import (AnswerDelta, AnswerDone, AnswerFailed, DraftChecked, Ended, EngineFailed, LogLine, PeerChanged,
