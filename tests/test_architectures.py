@@ -9,7 +9,7 @@ import trio
 
 from helpers import greedy_reply, new_chat, reference_ids, running_ring, sfchat
 from peers.adaptive import KPolicy
-from peers.drafters import make_drafter
+from peers.drafting import make_drafter
 from peers.memory import pick_dtype
 from peers.sampling import SamplingParams
 from test_tree import OracleTrees, TreePolicy
