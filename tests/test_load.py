@@ -6,12 +6,14 @@ from peers.adaptive import KPolicy
 from peers.drafting import Drafter
 from peers.memory import rss_bytes
 from peers.sampling import SamplingParams
-from tiny import CORPUS
+from tiny import CORPUS, make_model
 
 
-def test_long_conversation_memory_is_flat(tiny_llama):
+def test_long_conversation_memory_is_flat(tmp_path):
+    model = make_model(tmp_path, "llama", layers=4, seed=1, max_position_embeddings=4096)  # holds 2,000+ tokens
+
     async def main():
-        async with running_ring(tiny_llama, 1) as (host, lp):
+        async with running_ring(model, 1) as (host, lp):
             chat = new_chat(host)
             samples, rounds = [], 0
             for turn in range(6):
