@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO if args.cmd == "join" else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    if not args.verbose:  # a joiner logs at INFO: keep the hub client's request lines out of it
+        for name in ("httpx", "httpcore", "huggingface_hub"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return COMMANDS[args.cmd](args) or 0
     except BaseException as e:
