@@ -20,6 +20,7 @@ from .errors import FitError, RingError
 from .fingerprint import config_fingerprint
 from .memory import default_device, pick_dtype, usage
 from .membership import Member, Roster, downloading
+from .options import HostOptions
 from .plan import ModelSize, pass_chunks
 from .planning import Planner, Target
 from .ring_session import RingSession
@@ -34,18 +35,14 @@ __all__ = ["Host", "Member", "RingError", "RingSession"]
 
 
 class Host:
-    def __init__(self, model: str | None = None, *, token: str | None = None, listen: str = "127.0.0.1:0",
-                 device: str | None = None, dtype: str = "auto", quant: str = "none",
-                 offer_gb: float | None = None, heartbeat_s: float = 1.0, dead_after_s: float = 4.0,
-                 say=print, on_change=None, tls: bool = False,
-                 relay: str | None = None, max_context: int | None = None):
-        self.model_spec = model or models.DEFAULT_MODEL
-        self.token = token or new_token()
-        self.listen = listen
-        self.relay, self.relay_address = relay, ""  # relay://… once registered
-        self.tls = TLSEndpoint(tls, "host")
-        self.device = device or default_device()
-        self.dtype, self.quant = pick_dtype(dtype, self.device), quant
+    def __init__(self, opts: HostOptions = HostOptions(), *, say=print, on_change=None):
+        self.model_spec = opts.model or models.DEFAULT_MODEL
+        self.token = opts.token or new_token()
+        self.listen = opts.listen
+        self.relay, self.relay_address = opts.relay, ""  # relay://… once registered
+        self.tls = TLSEndpoint(opts.tls, "host")
+        self.device = opts.device or default_device()
+        self.dtype, self.quant = pick_dtype(opts.dtype, self.device), opts.quant
         self.say = say
         self.on_change = on_change or (lambda: None)
         self.source = models.open_source(self.model_spec, say=say)  # a hub model: only config and tokenizer yet
@@ -53,12 +50,12 @@ class Host:
         self.plan_at_start = True  # False: members are on their way; plan (and fetch) once they are here
         self.config = load_config(self.model_dir)
         self.fingerprint = config_fingerprint(self.model_dir)
-        self.roster = Roster(tls=self.tls.enabled, heartbeat_s=heartbeat_s, dead_after_s=dead_after_s,
+        self.roster = Roster(tls=self.tls.enabled, heartbeat_s=opts.heartbeat_s, dead_after_s=opts.dead_after_s,
                              on_change=lambda: self.on_change(), on_join=self._joined)
         size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
-                        quant, self.device, size, max_context or size.default_context())
-        self.planner = Planner(target, self.roster, offer_gb=offer_gb, token=self.token, tls=self.tls,
+                        self.quant, self.device, size, opts.max_context or size.default_context())
+        self.planner = Planner(target, self.roster, offer_gb=opts.offer_gb, token=self.token, tls=self.tls,
                                on_change=lambda: self.on_change())
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
         self.port = 0

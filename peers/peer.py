@@ -18,6 +18,7 @@ from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
 from .control import ControlLink
 from .memory import default_device, free_bytes, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes, usage
+from .options import PeerOptions
 from .plan import Span
 from .shard import Shard
 from .tls import Endpoint as TLSEndpoint
@@ -46,18 +47,15 @@ class PeerState:
 
 
 class Peer:
-    def __init__(self, host_addr: str, token: str, *, model: str | None = None, listen: str = "0.0.0.0:0",
-                 advertise: str | None = None, device: str | None = None, dtype: str = "auto",
-                 quant: str = "none", offer_gb: float | None = None, name: str = "peer", on_change=None,
-                 relay: str | None = None, tls_pin: str | None = None):
-        self.host_addr, self.token, self.model_spec = host_addr, token, model
-        self.listen, self.advertise, self.quant = listen, advertise, quant
-        self.device = device or default_device()
-        self.dtype = pick_dtype(dtype, self.device)  # each member its own; hidden states convert at each hop
-        self.offer_gb, self.name = offer_gb, name
-        self.relay = links.relay_of(host_addr, relay)  # also reachable through it, if any
-        self.tls_pin = tls_pin  # the host's certificate fingerprint from the invite: the ring uses TLS
-        self.tls = TLSEndpoint(bool(tls_pin), f"peer-{name}")
+    def __init__(self, opts: PeerOptions, *, on_change=None):
+        self.host_addr, self.token, self.model_spec = opts.address, opts.token, opts.model
+        self.listen, self.advertise, self.quant = opts.listen, opts.advertise, opts.quant
+        self.device = opts.device or default_device()
+        self.dtype = pick_dtype(opts.dtype, self.device)  # each member its own; hidden states convert at each hop
+        self.offer_gb, self.name = opts.offer_gb, opts.name
+        self.relay = links.relay_of(opts.address, opts.relay)  # also reachable through it, if any
+        self.tls_pin = opts.tls_pin  # the host's certificate fingerprint from the invite: the ring uses TLS
+        self.tls = TLSEndpoint(bool(opts.tls_pin), f"peer-{opts.name}")
         self.shard: Shard | None = None
         self.shard_dir = None
         self.epoch = -1
@@ -68,7 +66,7 @@ class Peer:
         self.next: Channel | None = None
         self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
         self.assign_lock = trio.Lock()
-        self.st = PeerState(device=self.device, host=host_addr)
+        self.st = PeerState(device=self.device, host=opts.address)
         self.base_bytes = 0  # what it used just before it loaded its span
         self.member_id = 0  # the host's number for it (in each assignment)
         self.on_change = on_change or (lambda st: None)

@@ -32,8 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from peers.adaptive import LinkPolicy  # noqa: E402
 from peers.chat import Chat  # noqa: E402
 from peers.drafting import Drafter  # noqa: E402
+from peers.options import HostOptions  # noqa: E402
 from peers.sampling import SamplingParams  # noqa: E402
-from sfchat.runtime import drafter_for, open_ring  # noqa: E402
+from sfchat.options import RingOptions  # noqa: E402
+from sfchat.runtime import new_drafter, open_ring  # noqa: E402
 
 
 # chat prompts written for this check, not drawn from the distillation's templates or topics
@@ -58,10 +60,10 @@ def over_link(result, rtt_ms: float) -> float:
 
 
 async def run(args) -> dict:
-    ns = argparse.Namespace(model=None, dtype="float32", quant="none", device="cpu", local_peers=0, draft=args.draft)
+    opts = RingOptions(HostOptions(dtype="float32", device="cpu"))
     rows = []
-    async with open_ring(ns, announce=False) as ring:
-        drafter = drafter_for(ns, ring)
+    async with open_ring(opts, announce=False) as ring:
+        drafter = new_drafter(args.draft, ring)
         if args.one_k:
             drafter.confident = False  # the policy then picks one K per round, as for any drafter
         if args.chain:

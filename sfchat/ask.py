@@ -6,35 +6,36 @@ import sys
 
 from peers.adaptive import KPolicy
 from peers.chat import Chat
-from peers.sampling import SamplingParams
 
-from .runtime import drafter_for, open_ring, say
+from .options import RingOptions
+from .runtime import new_drafter, open_ring, say
 
 
-async def ask(args) -> int:
-    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    async with open_ring(args, wait_peers=args.wait_peers) as ring:
-        drafter = drafter_for(args, ring)
+async def ask(prompt: str, opts: RingOptions, as_json: bool = False) -> int:
+    answer = opts.answer
+    async with open_ring(opts) as ring:
+        drafter = new_drafter(answer.draft, ring)
         chat = Chat(ring.host, ring.tokenizer, ring.eos)
 
         def on_text(delta: str) -> None:
-            if not args.json:
+            if not as_json:
                 sys.stdout.write(delta)
                 sys.stdout.flush()
 
-        text, result = await chat.reply(args.prompt, drafter=drafter, params=params, policy=KPolicy(pinned=args.k),
-                                        max_new_tokens=args.max_new_tokens, on_text=on_text)
+        text, result = await chat.reply(prompt, drafter=drafter, params=answer.sampling(),
+                                        policy=KPolicy(pinned=answer.k), max_new_tokens=answer.max_new_tokens,
+                                        on_text=on_text)
         members = [{"name": m["name"], "layers": m["layers"], "rtt_ms": m["rtt_ms"], "device": m["device"],
                     "memory_bytes": m["memory_bytes"], "peak_memory_bytes": m["peak_memory_bytes"]}
                    for m in ring.host.members_info()]
-    if args.json:
+    if as_json:
         stats = result.stats.summary() | {"members": members, "finish": result.finish, "drafter": drafter.name,
                                           "per_round": result.rounds}
         print(json.dumps({"text": text, "token_ids": result.token_ids, "stats": stats}, ensure_ascii=False))
     else:
         print()
     if result.finish == "length":
-        say(length_note(args.max_new_tokens, len(result.token_ids)))
+        say(length_note(answer.max_new_tokens, len(result.token_ids)))
     return 0
 
 

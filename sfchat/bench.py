@@ -244,20 +244,23 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
     from peers.drafting import Drafter
     from peers.sampling import SamplingParams
 
-    from .runtime import drafter_for, open_ring
+    from peers.options import HostOptions
+
+    from .options import RingOptions
+    from .runtime import new_drafter, open_ring
 
     links = args.local_peers + 1  # host -> member 1 -> … -> member N -> host
     rows = []
     async with shaped_relay(rtt_ms / links) as relay:
-        ns = argparse.Namespace(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
-                                local_peers=args.local_peers, relay=relay, token=None, listen=None)
+        opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
+                                       relay=relay), local_peers=args.local_peers)
         advance(f"ring at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
-        async with open_ring(ns, announce=False) as ring:
+        async with open_ring(opts, announce=False) as ring:
             if len(ring.host.ring) != args.local_peers:
                 print(f"warning: {len(ring.host.ring)} of {args.local_peers} peers hold layers; the emulated RTT "
                       f"is split over {links} links", file=sys.stderr)
             for mode in [m for m in modes if m.startswith("ring")]:
-                drafter = drafter_for(args, ring) if mode == "ring-spec" else Drafter()
+                drafter = new_drafter(args.draft, ring) if mode == "ring-spec" else Drafter()
                 policy = KPolicy(pinned=args.k)
 
                 async def one(prompt: str, max_new: int, sample: Sample | None) -> None:

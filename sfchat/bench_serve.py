@@ -8,7 +8,6 @@ Each figure is the median over --runs.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -58,18 +57,21 @@ async def clients_run(url: str, model: str, n: int, prompts: list[str], max_new:
 
 
 async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[str], advance) -> list[dict]:
-    from .runtime import drafter_for, open_ring
+    from peers.options import HostOptions
+
+    from .options import RingOptions
+    from .runtime import new_drafter, open_ring
     from .serve.app import model_id
     from .serve.conversations import Conversations
     from .serve.server import serve_api
 
     rows = []
     async with shaped_relay(rtt_ms / (args.local_peers + 1)) as relay:
-        ns = argparse.Namespace(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
-                                local_peers=args.local_peers, relay=relay, token=None, listen=None)
+        opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
+                                       relay=relay), local_peers=args.local_peers)
         advance(f"serving at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
-        async with open_ring(ns, announce=False) as ring, trio.open_nursery() as nursery:
-            conv = Conversations(ring.host, ring.tokenizer, ring.eos, drafter_for(args, ring), limit=max(clients))
+        async with open_ring(opts, announce=False) as ring, trio.open_nursery() as nursery:
+            conv = Conversations(ring.host, ring.tokenizer, ring.eos, new_drafter(args.draft, ring), limit=max(clients))
             binds = await nursery.start(lambda task_status: serve_api(conv, "127.0.0.1:0", task_status=task_status))
             model = model_id(ring.host)
             advance(f"serving at {rtt_ms:g} ms: warm-up")

@@ -258,28 +258,31 @@ def cmd_pull(args) -> int:
 
 def cmd_ask(args) -> int:
     from .ask import ask
+    from .options import ring_options
 
-    return trio.run(ask, args)
+    return trio.run(ask, args.prompt, ring_options(args), args.json)
 
 
 def cmd_host(args) -> int:
     from . import settings
+    from .options import ring_options
 
-    settings.apply_to_args(args, settings.load())
-    if args.serve:
-        from .serve.command import check_args
+    s = settings.load()
+    opts = ring_options(args, s)  # what the command line leaves unset comes from the settings file
+    if opts.serve is not None:
+        from .serve.command import check_serve
 
-        check_args(args)
+        check_serve(opts.serve)
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
         if args.resume:
             raise ValueError("--resume reopens a chat on the chat screen: run it in a terminal, without --headless")
         from .repl import host_repl
 
-        return trio.run(host_repl, args)
-    fetch_default_first(args.model)
+        return trio.run(host_repl, opts)
+    fetch_default_first(opts.host.model)
     from .tui import run_host
 
-    return run_host(args)
+    return run_host(opts, s, args.resume)
 
 
 def fetch_default_first(spec: str | None) -> None:
@@ -290,29 +293,34 @@ def fetch_default_first(spec: str | None) -> None:
 
 
 def cmd_join(args) -> int:
+    from .options import join_options
+
     args.token = args.token or os.environ.get(TOKEN_ENV)  # local peers get it this way: argv is public in `ps`
     if not args.token:
         raise ValueError(f"no join token: pass --token from the host's invite (or set {TOKEN_ENV})")
+    opts = join_options(args)
     if not args.headless and sys.stdin.isatty() and sys.stdout.isatty():
-        if args.model:
-            fetch_default_first(args.model)
+        if opts.peer.model:
+            fetch_default_first(opts.peer.model)
         from .tui import run_peer
 
-        return run_peer(args)
+        return run_peer(opts)
     from .join import join_ring
 
     def say(text: str) -> None:
         print(f"sfchat join: {text}", file=sys.stderr, flush=True)
 
-    say(trio.run(join_ring, args, say))
+    say(trio.run(join_ring, opts, say))
     return 0
 
 
 def cmd_serve(args) -> int:
-    from .serve.command import check_args, serve_command
+    from .options import ring_options
+    from .serve.command import check_serve, serve_command
 
-    check_args(args)
-    return trio.run(serve_command, args)
+    opts = ring_options(args)
+    check_serve(opts.serve)
+    return trio.run(serve_command, opts)
 
 
 def cmd_config(args) -> int:

@@ -8,24 +8,24 @@ from peers import links
 from peers.channel import ChannelClosed
 from peers.peer import Peer
 
+from .options import JoinOptions
 
-async def join_ring(args, say, on_change=None) -> str:
+
+async def join_ring(opts: JoinOptions, say, on_change=None) -> str:
     """Serve the ring; returns why it ended (a normal end). Errors before joining (refused, wrong token) raise."""
     while True:
-        peer = Peer(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
-                    device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb, name=args.name,
-                    on_change=on_change, relay=getattr(args, "relay", None), tls_pin=getattr(args, "tls", None))
+        peer = Peer(opts.peer, on_change=on_change)
         try:
             await peer.run()
             gone = "the host closed the ring"
         except (ChannelClosed, OSError) as e:
-            if not (getattr(args, "stay", False) and peer.st.state != "connecting"):
+            if not (opts.stay and peer.st.state != "connecting"):
                 raise
             gone = f"lost the host ({e})"
-        if not getattr(args, "stay", False):
+        if not opts.stay:
             return gone
         say(f"{gone}; waiting for it to come back (--stay; Ctrl+C ends)")
-        await wait_for(args.address)
+        await wait_for(opts.peer.address)
 
 
 async def wait_for(address: str, every_s: float = 2.0) -> None:

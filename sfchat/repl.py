@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 
 import trio
 
 from peers.adaptive import KPolicy
 from peers.chat import Chat
-from peers.sampling import SamplingParams
 
 from . import settings as settings_mod
 from . import store
 from .ask import length_note
+from .options import RingOptions
 from .runtime import build_host, invite_for, new_drafter, open_ring
 from .serve.command import serving_beside
 from .tui.commands import HELP, CommandError, parse
@@ -80,29 +81,30 @@ class RingWatch:
         self.epoch = self.host.epoch
 
 
-async def host_repl(args) -> int:
+async def host_repl(opts: RingOptions) -> int:
     lines = Lines()
     root = logging.getLogger()
     handlers, root.handlers = root.handlers, [LinesHandler(lines)]
     try:
-        return await _repl(args, lines)
+        return await _repl(opts, lines)
     finally:
         root.handlers = handlers
 
 
-async def _repl(args, lines: Lines) -> int:
+async def _repl(opts: RingOptions, lines: Lines) -> int:
     watch = RingWatch(lines)
-    host = build_host(args, on_change=watch)
+    answer = opts.answer  # replaced, not changed, by /k and /temp
+    host = build_host(opts, on_change=watch)
     host.say = lines.say
     watch.host = host
     s = settings_mod.load()
-    async with open_ring(args, host=host) as ring:
-        lines.say(f"sfchat host on {host.address}. On each other machine run:\n  {invite_for(args, host)}")
+    async with open_ring(opts, host=host) as ring:
+        lines.say(f"sfchat host on {host.address}. On each other machine run:\n  {invite_for(opts, host)}")
         lines.say("Type a prompt, or /help.")
-        drafter = new_drafter(args.draft, ring, say=lines.say)
+        drafter = new_drafter(answer.draft, ring, say=lines.say)
         chat = Chat(host, ring.tokenizer, ring.eos)
-        policy = KPolicy(pinned=args.k)
-        async with serving_beside(ring, drafter, args, say=lines.say):  # with --serve
+        policy = KPolicy(pinned=answer.k)
+        async with serving_beside(ring, drafter, opts, say=lines.say):  # with --serve
             while True:
                 sys.stderr.write("> ")
                 sys.stderr.flush()
@@ -132,16 +134,19 @@ async def _repl(args, lines: Lines) -> int:
                             lines.say(f"/draft: cannot use {cmd.value}: {e}")
                             continue
                         s.draft = cmd.value
+                        answer = replace(answer, draft=s.draft_spec)
                         lines.say(f"draft {drafter.name}; saved in {settings_mod.save(s)}")
                     elif cmd.name == "k":
                         s.k = cmd.value
-                        policy.pinned = s.k_pinned
+                        answer = replace(answer, k=s.k_pinned)
+                        policy.pinned = answer.k
                         lines.say(f"K {s.k}; saved in {settings_mod.save(s)}")
                     elif cmd.name == "temp":
-                        s.temperature = args.temperature = cmd.value
+                        s.temperature = cmd.value
+                        answer = replace(answer, temperature=cmd.value)
                         lines.say(f"temperature {cmd.value:g}; saved in {settings_mod.save(s)}")
                     elif cmd.name == "invite":
-                        lines.say(invite_for(args, host))
+                        lines.say(invite_for(opts, host))
                     elif cmd.name == "help":
                         lines.say("\n".join(f"  {c:<28} {what}" for c, what in HELP if c.split()[0][1:] not in SCREEN_ONLY))
                     elif cmd.name == "save":
@@ -149,11 +154,10 @@ async def _repl(args, lines: Lines) -> int:
                     else:
                         lines.say(f"/{cmd.name} works on the chat screen only (sfchat host without --headless)")
                     continue
-                params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
                 lines.begin()
                 try:
-                    _, result = await chat.reply(text, drafter=drafter, params=params, policy=policy,
-                                                 max_new_tokens=args.max_new_tokens,
+                    _, result = await chat.reply(text, drafter=drafter, params=answer.sampling(), policy=policy,
+                                                 max_new_tokens=answer.max_new_tokens,
                                                  on_text=lambda d: (sys.stdout.write(d), sys.stdout.flush()))
                 except ValueError as e:  # a prompt past the context: refused, the chat goes on
                     lines.end()
@@ -164,7 +168,7 @@ async def _repl(args, lines: Lines) -> int:
                 if chat.dropped:
                     lines.say(f"(dropped the {chat.dropped} oldest message(s) to fit the model's context)")
                 if result.finish == "length":
-                    lines.say(length_note(args.max_new_tokens, len(result.token_ids)).replace(
+                    lines.say(length_note(answer.max_new_tokens, len(result.token_ids)).replace(
                         "--max-new-tokens", "--max-new-tokens when starting the host"))
 
 

@@ -12,6 +12,9 @@ from peers.drafting import make_drafter
 from peers.host import Host
 from sfchat import invite
 from sfchat.local import LocalPeers
+from sfchat.options import RingOptions
+
+JOIN_TIMEOUT_S = 300  # local peers and --wait-peers joiners must be in by then
 
 
 def say(*a) -> None:
@@ -26,30 +29,27 @@ class Ring:
     local: LocalPeers | None
 
 
-def build_host(args, **kw) -> Host:
-    return Host(args.model, token=getattr(args, "token", None), listen=getattr(args, "listen", None) or "127.0.0.1:0",
-                dtype=args.dtype, quant=args.quant, device=getattr(args, "device", None), say=say,
-                relay=getattr(args, "relay", None), tls=bool(getattr(args, "tls", False)),
-                max_context=getattr(args, "max_context", None), **kw)
+def build_host(opts: RingOptions, **kw) -> Host:
+    return Host(opts.host, say=say, **kw)
 
 
 @asynccontextmanager
-async def open_ring(args, *, wait_peers: int = 0, announce: bool = True, host: Host | None = None):
+async def open_ring(opts: RingOptions, *, announce: bool = True, host: Host | None = None):
     """Serve a host, start --local-peers, wait for them and any --wait-peers joiners, plan; close it all after."""
-    host = host or build_host(args)
+    host = host or build_host(opts)
     tokenizer = load_tokenizer(host.model_dir)
-    n_local = getattr(args, "local_peers", 0) or 0
+    n_local, wait_peers = opts.local_peers, opts.wait_peers
     host.plan_at_start = not (n_local or wait_peers)  # members are coming: plan (and fetch) once they are here
     async with trio.open_nursery() as nursery:
         await nursery.start(host.serve)
         local = LocalPeers(n_local, host.relay_address or host.address, host.token, model=host.source.spec,
-                           dtype=args.dtype, quant=args.quant,
+                           dtype=opts.host.dtype, quant=opts.host.quant,
                            extra=["--tls", host.tls.fingerprint] if host.tls.enabled else None) if n_local else None
         try:
             if wait_peers and announce:
-                say(f"Waiting for {wait_peers} peer(s). On each, run:\n  {invite_for(args, host)}")
+                say(f"Waiting for {wait_peers} peer(s). On each, run:\n  {invite_for(opts, host)}")
             want = n_local + wait_peers
-            with trio.fail_after(getattr(args, "join_timeout", 300)):
+            with trio.fail_after(JOIN_TIMEOUT_S):
                 while sum(m.state != "lost" for m in host.members) < want:
                     if local is not None:
                         local.check()
@@ -67,12 +67,8 @@ async def open_ring(args, *, wait_peers: int = 0, announce: bool = True, host: H
             nursery.cancel_scope.cancel()
 
 
-def invite_for(args, host: Host) -> invite.Invite:
-    return invite.for_host(host, getattr(args, "advertise", None))
-
-
-def drafter_for(args, ring: Ring):
-    return new_drafter(getattr(args, "draft", None), ring)
+def invite_for(opts: RingOptions, host: Host) -> invite.Invite:
+    return invite.for_host(host, opts.advertise)
 
 
 def new_drafter(spec: str | None, ring: Ring, say=say):

@@ -77,14 +77,3 @@ def save(s: Settings) -> Path:
     write_atomic(p, "# sfchat settings; `sfchat config` prints this file's path\n" + tomli_w.dumps(asdict(s)))
     return p
 
-
-def apply_to_args(args, s: Settings) -> None:
-    """Fill what the command line left unset (None) from the settings."""
-    if getattr(args, "temperature", None) is None:
-        args.temperature = s.temperature
-    if getattr(args, "k", None) is None:
-        args.k = s.k_pinned
-    if getattr(args, "draft", None) is None:
-        args.draft = s.draft_spec
-    if not getattr(args, "model", None) and s.model:
-        args.model = s.model

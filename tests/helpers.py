@@ -17,6 +17,7 @@ from peers.adaptive import KPolicy
 from peers.chat import Chat, eos_ids, load_tokenizer
 from peers.drafting import Drafter, make_drafter
 from peers.host import Host
+from peers.options import HostOptions
 from peers.sampling import SamplingParams
 from sfchat.local import LocalPeers
 
@@ -47,10 +48,15 @@ def reference_ids(model_dir: Path, prompt: str, max_new_tokens: int) -> list[int
     return out[0, ids.shape[1]:].tolist()
 
 
+def quiet_host(model, **opts) -> Host:
+    """A Host of `model` with these HostOptions fields, saying nothing."""
+    return Host(HostOptions(str(model), **opts), say=lambda *a: None)
+
+
 @asynccontextmanager
 async def running_ring(model, n_peers: int, *, extra: list[str] | None = None, **host_kw):
     """A Host in this process and n real peer processes on loopback, planned; torn down after."""
-    host = Host(str(model), say=lambda *a: None, **host_kw)
+    host = quiet_host(model, **host_kw)
     async with trio.open_nursery() as nursery:
         await nursery.start(host.serve)
         addr = host.relay_address or host.address

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import ROOT, sfchat
+from helpers import ROOT, quiet_host, sfchat
 from sfchat import __version__
 from sfchat.cli import parser
 
@@ -117,8 +117,6 @@ def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay):
     """Exit 0 and say so; with --stay it waits, joins the host's next start, and waits again."""
     import trio
 
-    from peers.host import Host
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -126,7 +124,7 @@ def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay):
 
     async def main():
         for attempt in range(2 if stay else 1):
-            host = Host(str(tiny_llama), say=lambda *a: None, listen=f"127.0.0.1:{port}", token="tok-from-env")
+            host = quiet_host(tiny_llama, listen=f"127.0.0.1:{port}", token="tok-from-env")
             async with trio.open_nursery() as nursery:
                 await nursery.start(host.serve)
                 if not procs:

@@ -5,8 +5,7 @@ import sys
 import pytest
 import trio
 
-from helpers import ROOT, ask_json, greedy_reply, running_ring
-from peers.host import Host
+from helpers import ROOT, ask_json, greedy_reply, quiet_host, running_ring
 from sfchat.local import LocalPeers
 
 
@@ -17,7 +16,7 @@ def join_cmd(addr, token, model):
 
 def test_wrong_token_is_refused_and_joiner_exits_nonzero(tiny_llama, caplog):
     async def main():
-        host = Host(str(tiny_llama), token="right-token", say=lambda *a: None)
+        host = quiet_host(tiny_llama, token="right-token")
         async with trio.open_nursery() as nursery:
             await nursery.start(host.serve)
             p = await trio.run_process(join_cmd(host.address, "wrong-token", tiny_llama), capture_stdout=True,
@@ -42,7 +41,7 @@ def test_peer_with_half_the_layers_uses_well_under_the_whole_model(smollm2):
     """SmolLM2 is 540 MB in float32; a peer holding about half of 30 layers (no embedding, no head) adds ~200 MB.
     (The host holds the embedding and head on the same offer, so the peer gets a layer or two more.)"""
     async def main():
-        host = Host("smollm2-135m", say=lambda *a: None, offer_gb=1.0)
+        host = quiet_host("smollm2-135m", offer_gb=1.0)
         async with trio.open_nursery() as nursery:
             await nursery.start(host.serve)
             with LocalPeers(1, host.address, host.token, extra=["--offer-gb", "1.0"]):
@@ -98,7 +97,7 @@ def test_a_member_with_other_weights_is_refused(tiny_llama, tmp_path):
     other = make_model(tmp_path / "other", "llama", layers=4, seed=99)
 
     async def main():
-        host = Host(str(tiny_llama), say=lambda *a: None)
+        host = quiet_host(tiny_llama)
         async with trio.open_nursery() as nursery:
             await nursery.start(host.serve)
             with LocalPeers(1, host.address, host.token, model=str(other)):

@@ -47,14 +47,7 @@ def test_settings_default_round_trip_and_bad_values():
     assert settings.load() == settings.Settings()
 
 
-def test_host_takes_unset_options_from_settings():
-    settings.save(settings.Settings(temperature=0.4, k="3", draft="none", model="mymodel"))
-    args = parser().parse_args(["host"])
-    settings.apply_to_args(args, settings.load())
-    assert (args.temperature, args.k, args.draft, args.model) == (0.4, 3, "none", "mymodel")
-    args = parser().parse_args(["host", "--temperature", "0", "--k", "1", "--model", "x"])
-    settings.apply_to_args(args, settings.load())
-    assert (args.temperature, args.k, args.model) == (0.0, 1, "x")
+def test_host_resume_names_a_chat_or_the_last():
     assert parser().parse_args(["host", "--resume"]).resume == "last"
     assert parser().parse_args(["host", "--resume", "abc"]).resume == "abc"
 

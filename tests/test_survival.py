@@ -7,11 +7,10 @@ import sys
 import pytest
 import trio
 
-from helpers import ROOT, reference_ids
+from helpers import ROOT, quiet_host, reference_ids
 from peers.adaptive import KPolicy
 from peers.chat import Chat, eos_ids, load_tokenizer
 from peers.drafting import make_drafter
-from peers.host import Host
 from peers.sampling import SamplingParams
 from sfchat.local import LocalPeers
 
@@ -20,7 +19,7 @@ N = 40
 
 
 async def answer_with_incident(model, n_peers, incident, draft="none", after_round=4, again=False):
-    host = Host(str(model), say=lambda *a: None, heartbeat_s=0.5, dead_after_s=3.0)
+    host = quiet_host(model, heartbeat_s=0.5, dead_after_s=3.0)
     tok = load_tokenizer(host.model_dir)
     events = []
     async with trio.open_nursery() as nursery:

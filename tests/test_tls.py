@@ -4,8 +4,7 @@ import sys
 
 import trio
 
-from helpers import ROOT, greedy_reply, reference_ids, running_ring
-from peers.host import Host
+from helpers import ROOT, greedy_reply, quiet_host, reference_ids, running_ring
 from sfchat.invite import for_host
 
 PROMPT = "hello world, the quick brown fox"
@@ -13,7 +12,7 @@ PROMPT = "hello world, the quick brown fox"
 
 def test_ring_over_tls_answers_exactly_and_is_encrypted(tiny_llama):
     async def main():
-        pin = Host(str(tiny_llama), say=lambda *a: None, tls=True).tls.fingerprint  # the same cert on every start
+        pin = quiet_host(tiny_llama, tls=True).tls.fingerprint  # the same cert on every start
         async with running_ring(tiny_llama, 2, extra=["--tls", pin], tls=True) as (host, _):
             assert for_host(host).command.endswith(f"--tls {pin}")
             assert isinstance(host.first_hop.stream, trio.SSLStream)
@@ -25,7 +24,7 @@ def test_ring_over_tls_answers_exactly_and_is_encrypted(tiny_llama):
 
 def test_wrong_fingerprint_or_plain_joiner_is_refused(tiny_llama):
     async def main():
-        host = Host(str(tiny_llama), say=lambda *a: None, tls=True)
+        host = quiet_host(tiny_llama, tls=True)
         out = []
         async with trio.open_nursery() as nursery:
             await nursery.start(host.serve)
@@ -54,7 +53,7 @@ def test_ring_through_a_tls_relay(tiny_llama):
         async with trio.open_nursery() as nursery:
             addr = await nursery.start(relay.serve, "127.0.0.1:0")
             assert addr.startswith(relay.tls.fingerprint + "@")
-            pin = Host(str(tiny_llama), say=lambda *a: None, tls=True).tls.fingerprint
+            pin = quiet_host(tiny_llama, tls=True).tls.fingerprint
             async with running_ring(tiny_llama, 2, extra=["--tls", pin], tls=True, relay=addr) as (host, _):
                 assert f" join relay://{addr}/" in for_host(host).command
                 assert all(m.data_addr.startswith(f"relay://{addr}/") for m in host.ring)

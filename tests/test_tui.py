@@ -11,6 +11,7 @@ from rich.console import Console
 
 from sfchat import settings, store
 from sfchat.cli import parser
+from sfchat.options import ring_options
 from sfchat.tui.app import HostApp
 from sfchat.tui.screens.history import HistoryScreen
 from sfchat.tui.widgets.conversation import ChatMessage
@@ -26,8 +27,8 @@ SIZE = (140, 45)
 def host_app(model, *extra: str, conv: store.Conversation | None = None) -> HostApp:
     args = parser().parse_args(["host", "--model", str(model), "--local-peers", "1", "--listen", "127.0.0.1:0",
                                 *extra])
-    settings.apply_to_args(args, settings.load())
-    return HostApp(args, settings.load(), conv or store.Conversation(temperature=args.temperature))
+    opts = ring_options(args, settings.load())
+    return HostApp(opts, settings.load(), conv or store.Conversation(temperature=opts.answer.temperature))
 
 
 async def until(pilot, cond, what: str, timeout: float = 90) -> None:
@@ -102,7 +103,7 @@ def test_prompt_answer_stats_commands_and_quit(tiny_llama):
             await until(pilot, lambda: settings.load().draft == "none", "the engine to take the draft")
             s = settings.load()
             assert (s.temperature, s.k, s.draft) == (0.3, "2", "none")
-            assert scr.temperature == 0.3 and scr.k == 2 and scr.draft == "none"
+            assert (scr.answer.temperature, scr.answer.k, scr.answer.draft) == (0.3, 2, "none")
             shown = text_of(scr.query_one(StatsPanel).query_one("#settings", Static))
             assert "0.3" in shown and "K setting" in shown and "2 (pinned)" in shown
 
@@ -197,7 +198,7 @@ def test_saved_chats_reopen(tiny_llama):
             await pilot.press("down", "enter")
             await until(pilot, lambda: scr.conv.id == older.id, "the older chat")
             assert [m.source for m in scr.query(ChatMessage)] == ["older question", "older *answer*"]
-            assert scr.temperature == 0.0  # the chat's own temperature comes back with it
+            assert scr.answer.temperature == 0.0  # the chat's own temperature comes back with it
             answer = await ask(app, pilot, "follow up")
             assert answer.source and answer.border_subtitle != "failed"
             again = store.load(older.id)
@@ -252,7 +253,7 @@ def test_slash_commands_refuse_bad_arguments_in_one_line_and_save_nothing_broken
             await until(pilot, lambda: any("(not saved)" in n for n in notices(app)), "the draft's refusal")
             assert settings.load() == before  # nothing saved: the file is as it was
             assert (settings.path().read_bytes() if settings.path().exists() else None) == before_file
-            assert app.main_screen.draft == "none"  # still the working one
+            assert app.main_screen.answer.draft == "none"  # still the working one
             answer = await ask(app, pilot, "hello world")  # and the next answer works
             assert answer.border_subtitle.startswith("length limit (6 tokens)")
             assert "--max-new-tokens" in answer.border_subtitle
@@ -294,7 +295,7 @@ def test_the_ring_panel_shows_a_lost_member_until_the_ring_is_re_planned():
 
     posted = []
     args = parser().parse_args(["host", "--listen", "0.0.0.0:7341", "--advertise", "chat.example.org"])
-    engine = Engine(args, posted.append)
+    engine = Engine(ring_options(args), posted.append)
     row = lambda i, name, state: {"id": i, "name": name, "state": state}  # noqa: E731
     host = SimpleNamespace(port=7341, listen="0.0.0.0:7341", token="t", relay_address="",
                            tls=SimpleNamespace(enabled=False), epoch=2, members=[])

@@ -11,6 +11,7 @@ import time
 
 from helpers import ROOT
 from sfchat.cli import parser
+from sfchat.options import join_options
 from sfchat.tui.app import PeerApp
 from textual.widgets import Log, Sparkline
 
@@ -37,7 +38,7 @@ def test_peer_screen_follows_a_real_ring(tiny_llama, tmp_path, caplog):
             time.sleep(0.1)
         args = parser().parse_args(["join", f"127.0.0.1:{port}", "--token", token, "--model", str(tiny_llama),
                                     "--listen", "127.0.0.1:0", "--name", "tuipeer"])
-        app = PeerApp(args)
+        app = PeerApp(join_options(args))
 
         async def until(pilot, cond, what, timeout=60):
             end = time.monotonic() + timeout
@@ -85,7 +86,7 @@ def test_a_refused_peer_shows_why_and_exits_nonzero(tiny_llama, tmp_path):
             time.sleep(0.1)
         args = parser().parse_args(["join", f"127.0.0.1:{port}", "--token", "wrong", "--model", str(tiny_llama),
                                     "--listen", "127.0.0.1:0"])
-        app = PeerApp(args)
+        app = PeerApp(join_options(args))
 
         async def main():
             async with app.run_test(size=(120, 36)) as pilot:

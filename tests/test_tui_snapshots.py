@@ -10,6 +10,7 @@ from peers.peer import PeerState
 from peers.shard import Span
 from sfchat import settings, store
 from sfchat.cli import parser
+from sfchat.options import join_options, ring_options
 from sfchat.tui.app import HostApp, PeerApp
 from sfchat.tui.messages import LogLine, PeerChanged, Ready, RingChanged
 from sfchat.tui.widgets.stats import StatsPanel
@@ -52,9 +53,8 @@ def round_event(i: int) -> dict:
 
 def host_app() -> HostApp:
     args = parser().parse_args(["host", "--model", "smollm2-135m"])
-    settings.apply_to_args(args, settings.load())
     conv = store.Conversation(id="snapshot", messages=[dict(m) for m in MESSAGES])
-    return HostApp(args, settings.load(), conv, start_engine=False)
+    return HostApp(ring_options(args, settings.load()), settings.load(), conv, start_engine=False)
 
 
 async def fill_host(pilot) -> None:
@@ -91,4 +91,4 @@ def test_peer_screen(snap_compare):
             scr.post_message(LogLine(logging.INFO, line))
         await pilot.pause()
 
-    assert snap_compare(PeerApp(args, start_engine=False), terminal_size=SIZE, run_before=fill)
+    assert snap_compare(PeerApp(join_options(args), start_engine=False), terminal_size=SIZE, run_before=fill)

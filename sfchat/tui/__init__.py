@@ -6,6 +6,8 @@ import sys
 
 from peers.locations import cache_dir
 from sfchat.invite import program
+from sfchat.options import JoinOptions, RingOptions
+from sfchat.settings import Settings
 
 
 def log_to_file(name: str) -> None:
@@ -17,15 +19,15 @@ def log_to_file(name: str) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def run_host(args) -> int:
-    from sfchat import settings, store
+def run_host(opts: RingOptions, settings: Settings, resume: str | None = None) -> int:
+    from sfchat import store
 
     from .app import HostApp
 
-    conv = store.resume(args.resume) if getattr(args, "resume", None) else \
-        store.Conversation(model=args.model or "", temperature=args.temperature)
+    conv = store.resume(resume) if resume else \
+        store.Conversation(model=opts.host.model or "", temperature=opts.answer.temperature)
     log_to_file("host")
-    app = HostApp(args, settings.load(), conv)
+    app = HostApp(opts, settings, conv)
     try:
         app.run()
     finally:
@@ -37,11 +39,11 @@ def run_host(args) -> int:
     return finish(app, "host")
 
 
-def run_peer(args) -> int:
+def run_peer(opts: JoinOptions) -> int:
     from .app import PeerApp
 
-    log_to_file(f"peer-{args.name}")
-    app = PeerApp(args)
+    log_to_file(f"peer-{opts.peer.name}")
+    app = PeerApp(opts)
     try:
         app.run()
     finally:

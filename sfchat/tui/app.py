@@ -9,6 +9,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from sfchat import store
+from sfchat.options import JoinOptions, RingOptions
 from sfchat.settings import Settings
 
 from .bridge import Engine, PeerWorker, UILogHandler
@@ -58,29 +59,30 @@ class SfchatApp(App):
 
 
 class HostApp(SfchatApp):
-    def __init__(self, args, settings: Settings, conv: store.Conversation, start_engine: bool = True) -> None:
+    def __init__(self, opts: RingOptions, settings: Settings, conv: store.Conversation,
+                 start_engine: bool = True) -> None:
         super().__init__(start_engine)
-        self.args, self.settings, self.conv = args, settings, conv
+        self.opts, self.settings, self.conv = opts, settings, conv
 
     def get_default_screen(self) -> ChatScreen:
-        self.main_screen = ChatScreen(self.args, self.settings, self.conv)
+        self.main_screen = ChatScreen(self.opts, self.settings, self.conv)
         return self.main_screen
 
     def make_worker(self, post) -> Engine:
-        return Engine(self.args, post, messages=self.conv.messages)
+        return Engine(self.opts, post, messages=self.conv.messages)
 
 
 class PeerApp(SfchatApp):
     SUB_TITLE = "peer"
     LOG_LEVEL = logging.INFO
 
-    def __init__(self, args, start_engine: bool = True) -> None:
+    def __init__(self, opts: JoinOptions, start_engine: bool = True) -> None:
         super().__init__(start_engine)
-        self.args = args
+        self.opts = opts
 
     def get_default_screen(self) -> PeerScreen:
         self.main_screen = PeerScreen()
         return self.main_screen
 
     def make_worker(self, post) -> PeerWorker:
-        return PeerWorker(self.args, post)
+        return PeerWorker(self.opts, post)

@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import math
 import threading
-from dataclasses import dataclass
 
 import trio
 
@@ -19,8 +18,8 @@ from peers.adaptive import KPolicy
 from peers.chat import Chat
 from peers.host import Host
 from peers.peer import PeerState
-from peers.sampling import SamplingParams
 from sfchat.join import join_ring
+from sfchat.options import AnswerOptions, JoinOptions, RingOptions
 from sfchat.runtime import build_host, invite_for, new_drafter, open_ring
 from sfchat.serve.command import serving_beside
 
@@ -35,19 +34,6 @@ def describe(e: BaseException) -> str:
 
     err = user_error(e) or e
     return str(err) or type(err).__name__
-
-
-@dataclass
-class AskOptions:
-    """The chat's settings at the moment a prompt is sent (a later /temp applies to the next answer)."""
-
-    temperature: float
-    k: int | None
-    draft: str | None
-    max_new_tokens: int
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
 
 
 class Worker:
@@ -109,9 +95,9 @@ class Engine(Worker):
 
     name = "sfchat-engine"
 
-    def __init__(self, args, post, messages: list[dict] | None = None):
+    def __init__(self, opts: RingOptions, post, messages: list[dict] | None = None):
         super().__init__(post)
-        self.args = args
+        self.opts = opts
         self.stop_upto = 0  # Esc: answers numbered <= this stop at the next round
         self._requests, self._inbox = trio.open_memory_channel(math.inf)
         self._early: list[tuple] = []  # requests made before trio started
@@ -123,7 +109,8 @@ class Engine(Worker):
 
     # --- called from the UI thread --------------------------------------------------------------------------
 
-    def ask(self, n: int, text: str, opts: AskOptions) -> None:
+    def ask(self, n: int, text: str, opts: AnswerOptions) -> None:
+        """`opts`: the chat's options when the prompt was sent (a later /temp applies to the next answer)."""
         self._queue("ask", n, text, opts)
 
     def load(self, messages: list[dict]) -> None:
@@ -161,7 +148,7 @@ class Engine(Worker):
         host = self.host
         if host is None or not host.port:
             return
-        invite = invite_for(self.args, host)
+        invite = invite_for(self.opts, host)
         members = host.members_info()
         members[0]["address"] = invite.address
         for m in members:  # a lost member is shown until the ring is re-planned without it, then dropped
@@ -179,20 +166,20 @@ class Engine(Worker):
             for request in self._early:
                 self._requests.send_nowait(request)
             self._early.clear()
-        a = self.args
+        opts = self.opts
         self._say("loading the model…")
-        self.host = host = build_host(a, on_change=self._ring_changed)  # the same host as --headless
+        self.host = host = build_host(opts, on_change=self._ring_changed)  # the same host as --headless
         host.say = self._say  # its progress lines go to the status line, not to a terminal Textual owns
-        if a.local_peers:
-            self._say(f"starting {a.local_peers} local peer(s)…")
-        async with open_ring(a, host=host, announce=False) as ring:
+        if opts.local_peers:
+            self._say(f"starting {opts.local_peers} local peer(s)…")
+        async with open_ring(opts, host=host, announce=False) as ring:
             self.ring = ring
             self.chat = Chat(host, ring.tokenizer, ring.eos, messages=self._first_messages)
             self.policy = KPolicy()
             self.drafter, self.draft_spec = None, object()
-            await self._use_drafter(a.draft)
+            await self._use_drafter(opts.answer.draft)
             # with --serve the endpoint answers in this same loop, beside the chat
-            async with serving_beside(ring, self.drafter, a, say=self._say, on_change=self._ring_changed) as conv:
+            async with serving_beside(ring, self.drafter, opts, say=self._say, on_change=self._ring_changed) as conv:
                 self.serving = conv
                 self._ring_changed()
                 self.post(Ready(host.model_dir.name, self.drafter.name))
@@ -223,13 +210,12 @@ class Engine(Worker):
             return
         self.post(DraftChecked(spec, None, self.drafter.name))
 
-    async def _ask(self, n: int, text: str, opts: AskOptions) -> None:
+    async def _ask(self, n: int, text: str, opts: AnswerOptions) -> None:
         chat = self.chat
         before = len(chat.messages)
         try:
             await self._use_drafter(opts.draft)
             self.policy.pinned = opts.k
-            params = SamplingParams(opts.temperature, opts.top_k, opts.top_p, opts.seed)
 
             def on_round(ev: dict) -> None:
                 if ev.get("event") == "round":
@@ -237,7 +223,7 @@ class Engine(Worker):
                 elif ev.get("event") == "recovering":
                     self.post(Recovering(n, str(ev.get("error"))))
 
-            answer, result = await chat.reply(text, drafter=self.drafter, params=params, policy=self.policy,
+            answer, result = await chat.reply(text, drafter=self.drafter, params=opts.sampling(), policy=self.policy,
                                               max_new_tokens=opts.max_new_tokens,
                                               on_text=lambda d: self.post(AnswerDelta(n, d)), on_round=on_round,
                                               should_stop=lambda: self.stop_upto >= n)
@@ -255,16 +241,16 @@ class PeerWorker(Worker):
 
     name = "sfchat-peer"
 
-    def __init__(self, args, post):
+    def __init__(self, opts: JoinOptions, post):
         super().__init__(post)
-        self.args = args
+        self.opts = opts
 
     def _changed(self, st: PeerState) -> None:
         self.post(PeerChanged(dataclasses.replace(st, compute_ms=list(st.compute_ms))))
 
     async def main(self) -> None:
         # the same life as `sfchat join --headless`, plus the screen's callback
-        why = await join_ring(self.args, say=logging.getLogger("sfchat.join").info, on_change=self._changed)
+        why = await join_ring(self.opts, say=logging.getLogger("sfchat.join").info, on_change=self._changed)
         self.post(Ended(why))
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from textual.app import ComposeResult
@@ -12,9 +13,9 @@ from textual.widgets import Footer, Header, Static
 
 from sfchat import settings as settings_mod
 from sfchat import store
+from sfchat.options import RingOptions
 
 from .. import commands
-from ..bridge import AskOptions
 from ..messages import (AnswerDelta, AnswerDone, AnswerFailed, DraftChecked, EngineFailed, LogLine, Ready, Recovering,
                         RingChanged, RoundDone, Status)
 from ..widgets.conversation import ChatMessage, Conversation
@@ -54,13 +55,14 @@ class ChatScreen(Screen):
             ("Ctrl+Y", "copy the last answer"), ("Ctrl+T", "copy the invite command"),
             ("Ctrl+Q", "quit, stopping every process sfchat started")]
 
-    def __init__(self, args, settings: settings_mod.Settings, conv: store.Conversation) -> None:
+    def __init__(self, opts: RingOptions, settings: settings_mod.Settings, conv: store.Conversation) -> None:
         super().__init__()
-        self.args, self.settings, self.conv = args, settings, conv
-        self.temperature = conv.temperature if conv.temperature is not None else args.temperature
-        self.k: int | None = args.k
-        self.draft: str | None = args.draft
-        self.drafter_name = drafter_label(self.draft)
+        self.settings, self.conv = settings, conv
+        # how the next answer is made: the slash commands replace it, an answer under way keeps its own
+        self.answer = opts.answer
+        if conv.temperature is not None:  # a saved chat keeps its own temperature
+            self.answer = replace(self.answer, temperature=conv.temperature)
+        self.drafter_name = drafter_label(self.answer.draft)
         self.ready = False
         self.stopped_error: str | None = None  # the engine died: say so instead of queueing prompts
         self.n = 0  # answers sent in this session
@@ -103,7 +105,7 @@ class ChatScreen(Screen):
         status.set_class(error, "error")
 
     def show_settings(self) -> None:
-        self.query_one(StatsPanel).show_settings(self.temperature, self.k, self.drafter_name)
+        self.query_one(StatsPanel).show_settings(self.answer.temperature, self.answer.k, self.drafter_name)
 
     def save(self) -> None:
         if self.conv.messages:  # no files for chats that never started
@@ -144,8 +146,7 @@ class ChatScreen(Screen):
         self.conv.messages.append({"role": "user", "content": text})
         self.save()
         if self.engine is not None:
-            self.engine.ask(self.n, text, AskOptions(self.temperature, self.k, self.draft, self.args.max_new_tokens,
-                                                     self.args.top_k, self.args.top_p, self.args.seed))
+            self.engine.ask(self.n, text, self.answer)
         self.set_status("answering… (Esc stops)" if self.ready else "waiting for the ring…")
 
     async def run_command(self, line: str) -> None:
@@ -158,10 +159,11 @@ class ChatScreen(Screen):
         match cmd.name:
             case "k":
                 s.k = cmd.value
-                self.k = s.k_pinned
+                self.answer = replace(self.answer, k=s.k_pinned)
                 self.remember_settings(f"K {s.k}")
             case "temp":
-                s.temperature = self.temperature = self.conv.temperature = cmd.value
+                s.temperature = self.conv.temperature = cmd.value
+                self.answer = replace(self.answer, temperature=cmd.value)
                 self.save()
                 self.remember_settings(f"temperature {cmd.value:g}")
             case "draft":
@@ -187,8 +189,8 @@ class ChatScreen(Screen):
 
     def use_draft(self, value: str, name: str | None = None) -> None:
         self.settings.draft = value
-        self.draft = self.settings.draft_spec
-        self.drafter_name = name or drafter_label(self.draft)
+        self.answer = replace(self.answer, draft=self.settings.draft_spec)
+        self.drafter_name = name or drafter_label(self.answer.draft)
         self.remember_settings(f"draft {value}")
 
     def on_draft_checked(self, msg: DraftChecked) -> None:
@@ -228,7 +230,7 @@ class ChatScreen(Screen):
         self.app.push_screen(HelpScreen(self.KEYS))
 
     async def action_new_chat(self) -> None:
-        await self.open(store.Conversation(model=self.conv.model, temperature=self.temperature))
+        await self.open(store.Conversation(model=self.conv.model, temperature=self.answer.temperature))
         self.notify("New chat.")
 
     def action_chats(self) -> None:
@@ -247,7 +249,7 @@ class ChatScreen(Screen):
         self.live, self.current = None, None
         self.conv = conv
         if conv.temperature is not None:  # a saved chat keeps its own temperature
-            self.temperature = conv.temperature
+            self.answer = replace(self.answer, temperature=conv.temperature)
         self.show_settings()
         await self.query_one(Conversation).show(conv.messages)
         self.set_status("ready" if self.ready else "waiting for the ring…")
@@ -308,7 +310,7 @@ class ChatScreen(Screen):
         await self.end_stream(msg.text)
         self.query_one(StatsPanel).answer_done()
         self.recovering = False
-        self.current.border_subtitle = finish_tag(msg, self.args.max_new_tokens)
+        self.current.border_subtitle = finish_tag(msg, self.answer.max_new_tokens)
         self.live = None
         self.last_answer = msg.text
         self.conv.messages = msg.messages

@@ -1,0 +1,99 @@
+"""Each role's options as one frozen object, built here once from the command line and the settings file.
+
+The rest of the application reads these, never argparse's namespace: a field that a command lacks has its
+default here, in one place. A slash command that changes one setting makes a new object
+(`dataclasses.replace`), so an answer already under way keeps the options it started with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from peers.options import HostOptions, PeerOptions
+
+from .settings import Settings
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    """How to answer: sampling, the draft and its length, the longest answer."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    k: int | None = None  # None: adaptive
+    draft: str | None = None  # None: the best known
+    max_new_tokens: int = 256
+
+    def sampling(self):
+        """The engine's own per-answer type (imported here, late: it brings torch)."""
+        from peers.sampling import SamplingParams
+
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """The OpenAI-compatible endpoint (`sfchat serve`, `sfchat host --serve`)."""
+
+    listen: str
+    api_key: str | None = None
+    insecure_no_key: bool = False
+    max_conversations: int | None = None  # None: what the ring's free memory holds
+    keep_alive_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class RingOptions:
+    """A command that hosts a ring (ask, host, serve): the engine's host, what the application adds around
+    it, and how it answers."""
+
+    host: HostOptions = field(default_factory=HostOptions)
+    answer: AnswerOptions = field(default_factory=AnswerOptions)
+    serve: ServeOptions | None = None  # None: no endpoint
+    local_peers: int = 0
+    wait_peers: int = 0  # joiners to wait for before the first plan
+    advertise: str | None = None  # the address the invite names
+
+
+@dataclass(frozen=True)
+class JoinOptions:
+    """`sfchat join`: the engine's peer, and whether to wait for the host to come back."""
+
+    peer: PeerOptions
+    stay: bool = False
+
+
+def answer_options(args, s: Settings | None = None) -> AnswerOptions:
+    """With the settings file `s` (sfchat host), what the command line leaves unset (None) comes from it."""
+    a = vars(args)
+
+    def flag_or(key: str, setting):
+        return a[key] if a.get(key) is not None else setting
+
+    return AnswerOptions(temperature=flag_or("temperature", s.temperature if s else 0.0),
+                         top_p=a.get("top_p", 1.0), top_k=a.get("top_k", 0), seed=a.get("seed"),
+                         k=flag_or("k", s.k_pinned if s else None), draft=flag_or("draft", s.draft_spec if s else None),
+                         max_new_tokens=a.get("max_new_tokens", 256))
+
+
+def ring_options(args, s: Settings | None = None) -> RingOptions:
+    """ask, host and serve share most flags; each lacks some, whose defaults are these."""
+    a = vars(args)
+    host = HostOptions(model=a.get("model") or (s.model if s else None) or None, token=a.get("token"),
+                       listen=a.get("listen") or "127.0.0.1:0", device=a.get("device"),
+                       dtype=a.get("dtype", "auto"), quant=a.get("quant", "none"), tls=bool(a.get("tls")),
+                       relay=a.get("relay"), max_context=a.get("max_context"))
+    serve = None
+    if a.get("serve"):
+        serve = ServeOptions(a["serve"], api_key=a.get("api_key"), insecure_no_key=bool(a.get("insecure_no_key")),
+                             max_conversations=a.get("max_conversations"), keep_alive_s=a.get("keep_alive_s", 10.0))
+    return RingOptions(host, answer_options(args, s), serve, local_peers=a.get("local_peers") or 0,
+                       wait_peers=a.get("wait_peers") or 0, advertise=a.get("advertise"))
+
+
+def join_options(args) -> JoinOptions:
+    peer = PeerOptions(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
+                       device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb,
+                       name=args.name, relay=args.relay, tls_pin=args.tls)
+    return JoinOptions(peer, stay=args.stay)

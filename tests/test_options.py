@@ -1,0 +1,41 @@
+"""Each role's options, built from the command line over the settings file."""
+import dataclasses
+
+import pytest
+
+from peers.options import HostOptions
+from sfchat import settings
+from sfchat.cli import parser
+from sfchat.options import AnswerOptions, join_options, ring_options
+
+
+def test_an_explicit_flag_wins_and_the_settings_file_fills_the_rest():
+    s = settings.Settings(temperature=0.4, k="3", draft="none", model="mymodel")
+    opts = ring_options(parser().parse_args(["host"]), s)
+    assert (opts.answer.temperature, opts.answer.k, opts.answer.draft, opts.host.model) == (0.4, 3, "none", "mymodel")
+    opts = ring_options(parser().parse_args(["host", "--temperature", "0", "--k", "0", "--model", "x",
+                                             "--draft", "ngram"]), s)
+    assert (opts.answer.temperature, opts.answer.k, opts.answer.draft, opts.host.model) == (0.0, 0, "ngram", "x")
+    assert ring_options(parser().parse_args(["host"]), settings.Settings()).answer.temperature == 0.7
+
+
+def test_each_command_gets_its_own_defaults():
+    ask = ring_options(parser().parse_args(["ask", "hi", "--wait-peers", "2", "--top-k", "5"]))
+    assert ask.host == HostOptions() and ask.serve is None and ask.wait_peers == 2  # ask ignores the settings file
+    assert ask.answer == AnswerOptions(top_k=5)
+    serve = ring_options(parser().parse_args(["serve", "--ring-listen", "0.0.0.0:7000", "--api-key", "k", "--tls"]))
+    assert (serve.host.listen, serve.host.tls, serve.serve.listen, serve.serve.api_key) == \
+        ("0.0.0.0:7000", True, "127.0.0.1:8000", "k")
+    host = ring_options(parser().parse_args(["host", "--serve", "--relay", "r:1"]), settings.Settings())
+    assert (host.host.listen, host.host.relay, host.serve.listen) == ("127.0.0.1:7340", "r:1", "127.0.0.1:8000")
+    join = join_options(parser().parse_args(["join", "h:1", "--token", "t", "--tls", "ab", "--stay"]))
+    assert (join.peer.address, join.peer.token, join.peer.tls_pin, join.peer.name, join.stay) == \
+        ("h:1", "t", "ab", "peer", True)
+
+
+def test_options_are_frozen_and_a_change_is_a_new_object():
+    opts = ring_options(parser().parse_args(["host"]), settings.Settings())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.answer.temperature = 1.0
+    hotter = dataclasses.replace(opts.answer, temperature=1.0)
+    assert (hotter.temperature, opts.answer.temperature) == (1.0, 0.7)
