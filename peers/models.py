@@ -73,6 +73,14 @@ class Source:
     spec: str
     hub: object | None = None  # a peers.hub.HubModel
 
+    @property
+    def name(self) -> str:
+        """What the user calls it: the hub id, a .gguf file's name, or the directory's (the embedded default's is
+        its name)."""
+        if self.hub is not None:
+            return self.hub.repo_id
+        return Path(self.spec).name if self.spec.endswith(".gguf") else self.dir.name
+
     def fetch(self, start: int, end: int, *, embed: bool, head: bool, progress=None, bars: bool = True) -> Path:
         """The files layers [start, end) need (with the embedding, norm and head: embed / head), fetched if
         missing; the model directory."""

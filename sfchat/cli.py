@@ -205,11 +205,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO if args.cmd == "join" else logging.WARNING,
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    if not args.verbose:  # a joiner logs at INFO: keep the hub client's request lines out of it
-        for name in ("httpx", "httpcore", "huggingface_hub"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+    if args.cmd == "join" and not args.verbose:  # a joiner's log: sfchat's own news, not every hub request
+        logging.getLogger("sfchat").setLevel(logging.INFO)
     try:
         return COMMANDS[args.cmd](args) or 0
     except BaseException as e:
@@ -218,8 +217,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if isinstance(err, KeyboardInterrupt):
             return 130
-        print(f"sfchat {args.cmd}: {err or type(err).__name__}", file=sys.stderr)
+        print(f"sfchat {args.cmd}: {runnable(str(err) or type(err).__name__)}", file=sys.stderr)
         return 1
+
+
+def runnable(message: str) -> str:
+    """The engine's hints name `sfchat …`; when sfchat is not on PATH, name the command that runs it here."""
+    from .invite import program
+
+    return message.replace("`sfchat ", f"`{program()} ")
 
 
 EXPECTED = (models.ModelError, AuthError, RingError, ValueError, OSError, ChannelClosed, RuntimeError,

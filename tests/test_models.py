@@ -1,17 +1,21 @@
 """Model resolution: clear one-line errors; a hub id already in the Hugging Face cache runs offline."""
 import os
+import shlex
+import sys
 
 from helpers import reference_ids, sfchat
 
 
 def test_offline_with_nothing_cached_names_sfchat_pull(tmp_path, monkeypatch):
+    """The hint is runnable as printed: with no `sfchat` on PATH it names the command that ran it."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.setenv("SFCHAT_MODELS_DIR", str(tmp_path / "empty"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip cannot reach any index: offline
     monkeypatch.setenv("PIP_FIND_LINKS", "")
     p = sfchat("ask", "hi", check=False)
     assert p.returncode == 1
     last = p.stderr.strip().splitlines()[-1]
-    assert "sfchat pull" in last and last.startswith("sfchat ask:"), p.stderr
+    assert f"`{shlex.quote(sys.executable)} -m sfchat pull`" in last and last.startswith("sfchat ask:"), p.stderr
 
 
 def test_missing_model_is_one_clear_line(tmp_path):

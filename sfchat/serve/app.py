@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -22,9 +21,8 @@ MAX_DRAIN = 64 * 2**20
 
 
 def model_id(host) -> str:
-    """The name clients ask for: the --model given, or its directory's name when it was a path."""
-    spec = host.model_spec
-    return Path(spec).name if "/" in spec or Path(spec).exists() else spec
+    """The name clients ask for: the hub id, or the model directory's name (a .gguf: the converted one's)."""
+    return host.source.name
 
 
 def error_response(e: ApiError) -> JSONResponse:

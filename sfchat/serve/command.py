@@ -42,7 +42,7 @@ async def serving_beside(ring: Ring, drafter, opts: RingOptions, *, say=say, on_
         conv = None
         if opts.serve is not None:
             conv, url = await start(nursery, ring, drafter, opts, on_change)
-            say(f"serving {ring.host.model_dir.name} at {url}/v1 (up to {conv.limit} conversations at once)")
+            say(f"serving {ring.host.source.name} at {url}/v1 (up to {conv.limit} conversations at once)")
         try:
             yield conv
         finally:
@@ -55,6 +55,6 @@ async def serve_command(opts: RingOptions) -> int:
         drafter = new_drafter(opts.answer.draft, ring)
         async with trio.open_nursery() as nursery:
             conv, url = await start(nursery, ring, drafter, opts)
-            say(f"sfchat serving {host.model_dir.name} at {url}/v1 (up to {conv.limit} conversations at once)")
+            say(f"sfchat serving {host.source.name} at {url}/v1 (up to {conv.limit} conversations at once)")
             say(f"ring on {host.address}. On each other machine run:\n  {invite_for(opts, host)}")
     return 0

@@ -182,7 +182,7 @@ class Engine(Worker):
             async with serving_beside(ring, self.drafter, opts, say=self._say, on_change=self._ring_changed) as conv:
                 self.serving = conv
                 self._ring_changed()
-                self.post(Ready(host.model_dir.name, self.drafter.name))
+                self.post(Ready(host.source.name, self.drafter.name))
                 self.reading = True
                 async for kind, *payload in self._inbox:
                     if kind == "quit":
