@@ -41,8 +41,8 @@ def stage(result: dict, name: str, fn) -> None:
     print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
 
 
-def cuda_tests() -> dict:
-    p = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/"], 180)
+def cuda_tests(paths: list[str]) -> dict:
+    p = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", *paths], 180)
     lines = p.stdout.strip().splitlines()
     return {"ok": p.returncode == 0, "summary": lines[-1] if lines else p.stderr[-500:],
             **({"output": p.stdout[-3000:]} if p.returncode else {})}
@@ -88,13 +88,20 @@ def draft_graphs() -> list[dict]:
 
 
 def main() -> int:
+    import argparse
+
     import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tests", nargs="+", default=["tests/"],
+                    help="where to collect the cuda tests (a machine without the test extras: tests/test_cuda.py)")
+    args = ap.parse_args()
 
     if not torch.cuda.is_available():
         print("gpu_check: torch sees no CUDA device")
         return 2
     result: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-    stage(result, "cuda_tests", cuda_tests)
+    stage(result, "cuda_tests", lambda: cuda_tests(args.tests))
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
         prompts = work / "prompts.txt"

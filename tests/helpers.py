@@ -53,6 +53,12 @@ def quiet_host(model, **opts) -> Host:
     return Host(HostOptions(str(model), **opts), say=lambda *a: None)
 
 
+async def fail_if_a_peer_exits(lp: LocalPeers) -> None:
+    while True:
+        lp.check()
+        await trio.sleep(0.2)
+
+
 @asynccontextmanager
 async def running_ring(model, n_peers: int, *, extra: list[str] | None = None, **host_kw):
     """A Host in this process and n real peer processes on loopback, planned; torn down after."""
@@ -62,8 +68,11 @@ async def running_ring(model, n_peers: int, *, extra: list[str] | None = None, *
         addr = host.relay_address or host.address
         with LocalPeers(n_peers, addr, host.token, model=str(model), extra=extra) as lp:
             if n_peers:
-                await host.wait_members(n_peers, timeout=120)
-                await host.replan()
+                async with trio.open_nursery() as setup:  # a peer that dies on the way fails at once, saying why
+                    setup.start_soon(fail_if_a_peer_exits, lp)
+                    await host.wait_members(n_peers, timeout=120)
+                    await host.replan()
+                    setup.cancel_scope.cancel()
             yield host, lp
             await host.close()
         nursery.cancel_scope.cancel()

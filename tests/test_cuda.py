@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from helpers import running_ring
 from peers.shard import Shard, Span
+from tiny import make_model
 
 pytestmark = pytest.mark.cuda
 
@@ -34,10 +35,12 @@ def test_ring_on_the_gpu_equals_transformers_there(dtype, tiny_llama):
 
 
 @pytest.mark.parametrize("quant,stored", [("int8", torch.int8), ("nf4", torch.uint8)])
-def test_quantized_span_is_quantized_on_the_gpu(quant, stored, tiny_llama):
+def test_quantized_span_is_quantized_on_the_gpu(quant, stored, tmp_path):
+    # matrices wide enough that the allocator's rounding and NF4's per-block scales are small beside them
+    model = make_model(tmp_path, "llama", layers=2, hidden=512)
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    s = Shard(tiny_llama, Span(0, 4, 4), embed=False, head=False, dtype="bfloat16", quant=quant, device="cuda")
+    s = Shard(model, Span(0, 2, 2), embed=False, head=False, dtype="bfloat16", quant=quant, device="cuda")
     linears = [m for m in s.layers.modules() if hasattr(m, "weight") and getattr(m.weight, "ndim", 0) == 2]
     assert linears and all(m.weight.dtype == stored and m.weight.is_cuda for m in linears)
     full = sum(m.in_features * m.out_features * 2 for m in linears)  # the same matrices in bfloat16
