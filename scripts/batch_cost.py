@@ -8,23 +8,17 @@ before any padding of unequal caches).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from peers.locations import models_dir
-from peers.models import DEFAULT_MODEL
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pass_cost import median_ms  # noqa: E402  (also puts the repository on the path)
 
-
-def median_ms(fn, repeats: int = 20) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times[2:])
+from peers.locations import models_dir  # noqa: E402
+from peers.models import DEFAULT_MODEL  # noqa: E402
 
 
 def main() -> None:
@@ -55,7 +49,7 @@ def main() -> None:
                 for i, c in enumerate(one):
                     model(new[i:i + 1], cache=c)
                     c.crop(-a.positions)
-            t_one, t_batch = median_ms(separate), median_ms(batched)
+            t_one, t_batch = median_ms(separate, 20), median_ms(batched, 20)
         print(f"| {b} | {t_one:.1f} | {t_batch:.1f} | {t_batch / t_one:.2f} |")
 
 

@@ -1,10 +1,15 @@
 """Many conversations on one ring: their passes travel it at once, each answer exact; re-plans wait their turn."""
 from __future__ import annotations
 
+import pytest
 import trio
 
 from helpers import greedy_reply, running_ring
+from peers.chat import eos_ids, load_tokenizer
+from peers.drafting import Drafter
 from peers.pass_gate import PassGate
+from sfchat.serve.conversations import Conversations
+from sfchat.serve.errors import ApiError
 
 
 def test_gate_shares_passes_and_gives_replans_the_ring_alone():
@@ -67,3 +72,30 @@ async def overlapping(tiny_llama, prompts):
                     answers.start_soon(one, i)
             n.cancel_scope.cancel()
     return alone, together, most
+
+
+def test_a_request_during_a_long_replan_is_a_503_and_the_next_one_waits_it_out(tiny_llama):
+    """A re-plan holds the ring alone (as when a member is lost); a request that waits past replan_wait_s for it
+    gets a 503 naming the re-plan, and one that comes as it ends goes on."""
+    async def main() -> None:
+        async with running_ring(tiny_llama, 1) as (host, _):
+            tok = load_tokenizer(host.model_dir)
+            conv = Conversations(host, tok, eos_ids(host.model_dir, host.config, tok), Drafter(), replan_wait_s=0.3)
+            released = trio.Event()
+
+            async def replan_for(seconds: float) -> None:
+                async with host.planner.gate.alone():
+                    await trio.sleep(seconds)
+                released.set()
+
+            async with trio.open_nursery() as n:
+                n.start_soon(replan_for, 1.0)
+                await trio.sleep(0.05)
+                with pytest.raises(ApiError) as e:
+                    await conv.ring_ready()
+                assert e.value.status == 503 and e.value.code == "ring_replanning"
+                conv.replan_wait_s = 5.0
+                await conv.ring_ready()  # returns once the re-plan is over
+                assert released.is_set() and not host.planner.gate.replanning
+
+    trio.run(main)

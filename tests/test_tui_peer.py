@@ -22,20 +22,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def headless_host(model, port: int, token: str, tmp_path, stdout, *extra: str) -> subprocess.Popen:
+    """`sfchat host --headless` in its own process, returned once it listens (its log in tmp_path/host.log)."""
+    log = open(tmp_path / "host.log", "w")
+    host = subprocess.Popen([sys.executable, "-m", "sfchat", "host", "--headless", "--model", str(model),
+                             "--listen", f"127.0.0.1:{port}", "--token", token, *extra],
+                            stdin=subprocess.PIPE, stdout=stdout, stderr=log, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    log.close()  # the child writes through its own copy
+    deadline = time.monotonic() + 60
+    while "sfchat host on" not in (tmp_path / "host.log").read_text():
+        assert host.poll() is None and time.monotonic() < deadline, (tmp_path / "host.log").read_text()
+        time.sleep(0.1)
+    return host
+
+
 def test_peer_screen_follows_a_real_ring(tiny_llama, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="sfchat.peer")  # `sfchat join` logs at INFO; its screen shows the log
     port, token = free_port(), "peer-screen-test"
-    log = open(tmp_path / "host.log", "w")
-    host = subprocess.Popen([sys.executable, "-m", "sfchat", "host", "--headless", "--model", str(tiny_llama),
-                             "--listen", f"127.0.0.1:{port}", "--token", token, "--max-new-tokens", "16",
-                             "--temperature", "0"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    host = headless_host(tiny_llama, port, token, tmp_path, subprocess.PIPE, "--max-new-tokens", "16",
+                         "--temperature", "0")
     try:
-        deadline = time.monotonic() + 60
-        while "sfchat host on" not in (tmp_path / "host.log").read_text():
-            assert host.poll() is None and time.monotonic() < deadline, (tmp_path / "host.log").read_text()
-            time.sleep(0.1)
         args = parser().parse_args(["join", f"127.0.0.1:{port}", "--token", token, "--model", str(tiny_llama),
                                     "--listen", "127.0.0.1:0", "--name", "tuipeer"])
         app = PeerApp(join_options(args))
@@ -68,22 +75,13 @@ def test_peer_screen_follows_a_real_ring(tiny_llama, tmp_path, caplog):
     finally:
         if host.poll() is None:
             host.kill()
-        log.close()
 
 
 def test_a_refused_peer_shows_why_and_exits_nonzero(tiny_llama, tmp_path):
     """A joiner with a wrong token: the screen says so, and Ctrl+Q exits 1 (a fatal error, not a normal end)."""
     port = free_port()
-    log = open(tmp_path / "host.log", "w")
-    host = subprocess.Popen([sys.executable, "-m", "sfchat", "host", "--headless", "--model", str(tiny_llama),
-                             "--listen", f"127.0.0.1:{port}", "--token", "the-right-one"],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, text=True, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    host = headless_host(tiny_llama, port, "the-right-one", tmp_path, subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while "sfchat host on" not in (tmp_path / "host.log").read_text():
-            assert host.poll() is None and time.monotonic() < deadline, (tmp_path / "host.log").read_text()
-            time.sleep(0.1)
         args = parser().parse_args(["join", f"127.0.0.1:{port}", "--token", "wrong", "--model", str(tiny_llama),
                                     "--listen", "127.0.0.1:0"])
         app = PeerApp(join_options(args))
@@ -102,4 +100,3 @@ def test_a_refused_peer_shows_why_and_exits_nonzero(tiny_llama, tmp_path):
     finally:
         host.kill()
         host.wait()
-        log.close()
