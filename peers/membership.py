@@ -54,7 +54,8 @@ class Member:
 
     def info(self) -> dict:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
-                "layers": str(self.span) if self.span else "", "dtype": self.dtype,
+                "layers": str(self.span) if self.span and self.state not in ("lost", "failed") else "",
+                "dtype": self.dtype,
                 "state": downloading(self.download) or self.state, "download": self.download,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
                 "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes,

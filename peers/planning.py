@@ -73,26 +73,26 @@ class Planner:
         return all(m.state == "ready" for m in self.ring)
 
     async def replan(self, host_port: int, *, unless_past: int | None = None) -> None:
-        """Split the layers over the host and every live member, load, and wire the ring; a member that runs out
-        of memory loading its span is left out and the rest planned again. `unless_past`: a failed pass's epoch;
+        """Split the layers over the host and every live member, load, and wire the ring; a member that fails to
+        take its span (out of memory, a failed download, gone) is left out and the rest planned again. `unless_past`: a failed pass's epoch;
         nothing to do if another conversation's recovery has re-formed the ring since."""
         async with self.gate.alone():
             if unless_past is not None and self.epoch > unless_past and self.healthy():
                 return
+            self.left_out: list[str] = []  # why members were left out of this re-plan, for a FitError
             while not await self._replan(host_port):
                 pass
 
     async def _replan(self, host_port: int) -> bool:
-        """One plan; False if members ran out of memory loading (they are failed now, so out of the next)."""
+        """One plan; False if members failed to take their spans (failed or lost now, so out of the next)."""
         t = self.target
         live = self.roster.live()
         # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
         try:
             spans = plan(t.size, self.offers(live), t.max_context, self.drafter_bytes)
         except FitError as e:
-            ran_out = [m.error for m in self.roster.members if m.state == "failed" and m.oom]
-            if ran_out:
-                raise FitError("; ".join(ran_out) + f"; the rest of the ring {e}") from None
+            if self.left_out:  # say why the ring is smaller than it was
+                raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}") from None
             raise
         await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
         epoch = self.epoch + 1
@@ -122,13 +122,17 @@ class Planner:
             with trio.move_on_after(600):
                 await m.ready.wait()
         bad = [m for m in ring if m.state != "ready"]
-        if bad:
+        if bad:  # planned again without those that failed on their own; the ring goes on if the rest hold it
+            gone = any(m.state == "lost" for m in bad)
             for m in bad:
+                if gone and m.state != "lost" and not m.oom:  # e.g. its next hop was the one that went: not its fault
+                    m.state, m.error = "joining", ""
+                    continue
                 if m.state != "lost":
-                    m.state = "failed"
-            if all(m.oom for m in bad):
-                return False
-            raise RingError("; ".join(f"member {m.id}: {m.error or m.state}" for m in bad))
+                    m.state, m.error = "failed", m.error or "it did not load its layers in time"
+                self.left_out.append(m.error if m.oom else f"member {m.id} ({m.name}): {m.error}")
+                log.warning("member %d (%s) left out of the ring: %s", m.id, m.name, m.error)
+            return False
         if self.first_hop is not None:
             await self.first_hop.aclose()
             self.first_hop = None

@@ -149,3 +149,44 @@ def test_hub_errors_are_one_line_naming_model_and_file(repo, tmp_path):
             assert lines[-1].startswith("sfchat pull:") and all(w in lines[-1] for w in words), p.stderr
         p = run(["pull", REPO], env_for(tmp_path / "dead", endpoint="http://127.0.0.1:9"))
         assert p.returncode == 1 and "acme/tiny" in p.stderr.strip().splitlines()[-1], p.stderr
+
+
+def test_a_joiner_that_cannot_fetch_says_which_file_and_the_ring_answers_without_it(repo, tmp_path):
+    """m2's stand-in lacks every layer file: m2 ends with one line naming the model and the file, and the host
+    re-plans over itself and m1 and answers exactly."""
+    plain, repo_dir = repo
+    want = reference_ids(plain, PROMPT, 12)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in repo_dir.iterdir():
+        if f.name not in layer_files(repo_dir, "0-5"):
+            (broken / f.name).write_bytes(f.read_bytes())
+    port, token = free_port(), "t" * 32
+    with HubStub({REPO: repo_dir}) as h0, HubStub({REPO: repo_dir}) as h1, HubStub({REPO: broken}) as h2:
+        host = subprocess.Popen([sys.executable, "-m", "sfchat", "ask", PROMPT, "--json", "--model", REPO,
+                                 "--max-new-tokens", "12", "--draft", "none", "--listen", f"127.0.0.1:{port}",
+                                 "--token", token, "--wait-peers", "2"], env=env_for(tmp_path / "host", h0),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        joiners = []
+        try:
+            for line in host.stderr:
+                if "sfchat join" in line:
+                    break
+            joiners = [subprocess.Popen([sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--token", token,
+                                         "--headless", "--listen", "127.0.0.1:0", "--name", name],
+                                        env=env_for(tmp_path / name, hub), stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                       for name, hub in (("m1", h1), ("m2", h2))]
+            out, err = host.communicate(timeout=300)
+            _, m2_err = joiners[1].communicate(timeout=60)
+        finally:
+            host.kill()
+            for j in joiners:
+                j.kill()
+    assert host.returncode == 0, err[-3000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["token_ids"] == want
+    assert {m["name"] for m in got["stats"]["members"] if m["layers"]} == {"host", "m1"}, got["stats"]["members"]
+    last = m2_err.strip().splitlines()[-1]
+    assert joiners[1].returncode != 0 and last.startswith("sfchat join:"), m2_err[-3000:]
+    assert REPO in last and re.search(r"model-\d{5}-of-\d{5}\.safetensors", last), last
