@@ -73,8 +73,9 @@ class Planner:
         return all(m.state == "ready" for m in self.ring)
 
     async def replan(self, host_port: int, *, unless_past: int | None = None) -> None:
-        """Split the layers over the host and every live member, load, and wire the ring; a member that fails to
-        take its span (out of memory, a failed download, gone) is left out and the rest planned again. `unless_past`: a failed pass's epoch;
+        """Split the layers over the host and every live member, load, and wire the ring; a member that runs out
+        of memory or is gone while taking its span (a failed download ends a joiner) is left out and the rest
+        planned again. `unless_past`: a failed pass's epoch;
         nothing to do if another conversation's recovery has re-formed the ring since."""
         async with self.gate.alone():
             if unless_past is not None and self.epoch > unless_past and self.healthy():
@@ -84,7 +85,7 @@ class Planner:
                 pass
 
     async def _replan(self, host_port: int) -> bool:
-        """One plan; False if members failed to take their spans (failed or lost now, so out of the next)."""
+        """One plan; False if members ran out of memory or were lost taking their spans (out of the next)."""
         t = self.target
         live = self.roster.live()
         # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
@@ -122,17 +123,22 @@ class Planner:
             with trio.move_on_after(600):
                 await m.ready.wait()
         bad = [m for m in ring if m.state != "ready"]
-        if bad:  # planned again without those that failed on their own; the ring goes on if the rest hold it
-            gone = any(m.state == "lost" for m in bad)
+        if bad and (any(m.state == "lost" for m in bad) or all(m.oom for m in bad)):
+            # gone, or out of memory: planned again without them; a member that failed beside a lost one (its next
+            # hop, say) is planned in again, and fails the next plan alone if the fault was its own
             for m in bad:
-                if gone and m.state != "lost" and not m.oom:  # e.g. its next hop was the one that went: not its fault
+                if m.state == "lost" or m.oom:
+                    if m.state != "lost":
+                        m.state = "failed"
+                    self.left_out.append(m.error if m.oom else f"member {m.id} ({m.name}): {m.error}")
+                    log.warning("member %d (%s) left out of the ring: %s", m.id, m.name, m.error)
+                else:
                     m.state, m.error = "joining", ""
-                    continue
-                if m.state != "lost":
-                    m.state, m.error = "failed", m.error or "it did not load its layers in time"
-                self.left_out.append(m.error if m.oom else f"member {m.id} ({m.name}): {m.error}")
-                log.warning("member %d (%s) left out of the ring: %s", m.id, m.name, m.error)
             return False
+        if bad:  # a member that cannot serve as it is (another model, say): the user must fix it
+            for m in bad:
+                m.state = "failed"
+            raise RingError("; ".join(f"member {m.id}: {m.error or m.state}" for m in bad))
         if self.first_hop is not None:
             await self.first_hop.aclose()
             self.first_hop = None
