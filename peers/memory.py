@@ -34,8 +34,21 @@ def usage(device: str) -> tuple[int, int]:
         d = torch.device(device)
         return torch.cuda.memory_allocated(d), torch.cuda.max_memory_allocated(d)
     now = rss_bytes()
-    # ru_maxrss (KiB on Linux) is sampled by the kernel at its own moments: it can trail the resident set just read
-    return now, max(now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    # the peak of this process's own memory map (VmHWM), not ru_maxrss: that one is carried over from the parent
+    # through exec, and a peer started by a large process would report the parent's peak as its own. Either is
+    # sampled by the kernel at its own moments and can trail the resident set just read.
+    return now, max(now, peak_rss_bytes())
+
+
+def peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # no /proc: the rusage peak
 
 
 def release_freed() -> None:

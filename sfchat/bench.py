@@ -223,11 +223,11 @@ async def shaped_relay(delay_ms: float):
     if delay_ms <= 0:
         yield None
         return
-    from .local import _die_with_parent, stop
+    from .local import child_env, stop
 
     proc = subprocess.Popen([sys.executable, "-m", "sfchat", "relay", "--listen", "127.0.0.1:0", "--delay-ms",
                              f"{delay_ms:.4f}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, text=True, preexec_fn=_die_with_parent)
+                            stdin=subprocess.DEVNULL, text=True, env=child_env())
     try:
         with trio.fail_after(60):
             line = await trio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)

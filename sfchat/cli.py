@@ -16,6 +16,7 @@ from peers.channel import ChannelClosed
 from peers.errors import RingError
 
 from . import __version__
+from .local import die_with_parent
 
 MODEL_HELP = ("a hub id ORG/NAME[@REVISION] (fetched into the Hugging Face cache, each machine only its layers), "
               "a model directory, a .gguf file, or smollm2-135m")
@@ -204,6 +205,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)

@@ -11,13 +11,28 @@ from pathlib import Path
 from peers.locations import cache_dir
 
 PR_SET_PDEATHSIG = 1
+PARENT_PID = "SFCHAT_DIE_WITH_PARENT"
 
 
-def _die_with_parent() -> None:
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process that dies with this one (see die_with_parent)."""
+    return (os.environ if env is None else env) | {PARENT_PID: str(os.getpid())}
+
+
+def die_with_parent() -> None:
+    """In a child started with child_env: SIGTERM when the parent goes, even by SIGKILL.
+
+    Set here in the child, not in a Popen preexec_fn: that runs Python between fork and exec, which can deadlock
+    in a parent with other threads (CUDA's, say) holding a lock at the fork."""
+    pid = os.environ.pop(PARENT_PID, None)
+    if pid is None:
+        return
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: the parent still terminates its children on exit
+    except (OSError, AttributeError):
+        return  # not Linux: the parent still terminates its children on exit
+    if os.getppid() != int(pid):  # the parent went before the line above took effect
+        raise SystemExit(0)
 
 
 def local_name(i: int) -> str:
@@ -45,7 +60,7 @@ class LocalPeers:
         logs = cache_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.log_paths: list[Path] = []
-        env = os.environ | {"SFCHAT_TOKEN": token}  # not in argv: any user of the machine reads that in `ps`
+        env = child_env() | {"SFCHAT_TOKEN": token}  # not in argv: any user of the machine reads that in `ps`
         for i in range(n):
             cmd = [sys.executable, "-m", "sfchat", "join", host_addr, "--headless",
                    "--name", local_name(i), "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant]
@@ -55,14 +70,19 @@ class LocalPeers:
             path = logs / f"local-peer-{os.getpid()}-{i + 1}.log"
             self.log_paths.append(path)
             with open(path, "w") as log:
-                self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                   env=env, preexec_fn=_die_with_parent))
+                self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL, env=env))
 
     def check(self) -> None:
         for i, p in enumerate(self.procs):
             if p.poll() is not None:
                 tail = self.log_paths[i].read_text().strip().splitlines()[-1:] or ["(no output)"]
                 raise RuntimeError(f"a local peer (pid {p.pid}) exited with {p.returncode}: {tail[0]}")
+
+    def tails(self, lines: int = 20) -> str:
+        """The last lines each peer wrote, for a failure's report."""
+        return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+                         for p in self.log_paths if p.exists())
 
     def close(self) -> None:
         stop(self.procs)

@@ -17,6 +17,10 @@ def test_ring_on_the_gpu_equals_transformers_there(dtype, tiny_llama):
     prompt, new = [5, 17, 42, 99, 7, 3, 120, 64], 16
 
     async def ring() -> list[int]:
+        with trio.fail_after(90):  # a stuck ring fails here, with what its peer said, rather than hanging
+            return await greedy_on_the_ring()
+
+    async def greedy_on_the_ring() -> list[int]:
         async with running_ring(tiny_llama, 1, extra=["--device", "cuda", "--dtype", dtype], device="cuda",
                                 dtype=dtype) as (host, _):
             assert host.ring and host.ring[0].device.startswith("cuda")
