@@ -18,7 +18,7 @@ from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr, peername
 from .errors import FitError, RingError
 from .fingerprint import config_fingerprint
-from .memory import default_device, pick_dtype, usage
+from .memory import default_device, pick_dtype, reset_peak, usage
 from .membership import Member, Roster, downloading
 from .options import HostOptions
 from .plan import ModelSize, pass_chunks
@@ -43,6 +43,7 @@ class Host:
         self.tls = TLSEndpoint(opts.tls, "host")
         self.device = opts.device or default_device()
         self.dtype, self.quant = pick_dtype(opts.dtype, self.device), opts.quant
+        reset_peak(self.device)
         self.say = say
         self.on_change = on_change or (lambda: None)
         self.source = models.open_source(self.model_spec, say=say)  # a hub model: only config and tokenizer yet

@@ -137,9 +137,17 @@ class Roster:
         self.on_change()
 
     async def heartbeat(self) -> None:
-        """Ping every member; one silent for dead_after_s (killed, stopped, cut off) is declared lost."""
+        """Ping every member; one silent for dead_after_s (killed, stopped, cut off) is declared lost.
+
+        A host held up itself (a model loading on its event loop, a long pause of the process) has not read what its
+        members sent meanwhile: their silence over that time is the host's, and each gets a fresh window."""
+        last = time.monotonic()
         while True:
             now = time.monotonic()
+            if now - last > 2 * self.heartbeat_s:
+                for m in self.members:
+                    m.last_seen = now
+            last = now
             for m in list(self.members):
                 if m.state == "lost":
                     continue

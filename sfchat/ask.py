@@ -14,7 +14,7 @@ from .runtime import new_drafter, open_ring, say
 async def ask(prompt: str, opts: RingOptions, as_json: bool = False) -> int:
     answer = opts.answer
     async with open_ring(opts) as ring:
-        drafter = new_drafter(answer.draft, ring)
+        drafter = await new_drafter(answer.draft, ring)
         chat = Chat(ring.host, ring.tokenizer, ring.eos)
 
         def on_text(delta: str) -> None:

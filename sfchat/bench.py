@@ -260,7 +260,7 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
                 print(f"warning: {len(ring.host.ring)} of {args.local_peers} peers hold layers; the emulated RTT "
                       f"is split over {links} links", file=sys.stderr)
             for mode in [m for m in modes if m.startswith("ring")]:
-                drafter = new_drafter(args.draft, ring) if mode == "ring-spec" else Drafter()
+                drafter = await new_drafter(args.draft, ring) if mode == "ring-spec" else Drafter()
                 policy = KPolicy(pinned=args.k)
 
                 async def one(prompt: str, max_new: int, sample: Sample | None) -> None:
@@ -291,6 +291,7 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
                 row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes")}
                                for m in ring.host.members_info() if m["state"] != "lost"]
                 rows.append(row)
+                drafter.close()  # a compiled draft's graphs would otherwise stay, counted in the next rows' memory
     return rows
 
 

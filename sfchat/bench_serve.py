@@ -71,7 +71,8 @@ async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[st
                                        relay=relay), local_peers=args.local_peers)
         advance(f"serving at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
         async with open_ring(opts, announce=False) as ring, trio.open_nursery() as nursery:
-            conv = Conversations(ring.host, ring.tokenizer, ring.eos, new_drafter(args.draft, ring), limit=max(clients))
+            conv = Conversations(ring.host, ring.tokenizer, ring.eos, await new_drafter(args.draft, ring),
+                                 limit=max(clients))
             binds = await nursery.start(lambda task_status: serve_api(conv, "127.0.0.1:0", task_status=task_status))
             model = model_id(ring.host)
             advance(f"serving at {rtt_ms:g} ms: warm-up")

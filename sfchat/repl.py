@@ -101,7 +101,7 @@ async def _repl(opts: RingOptions, lines: Lines) -> int:
     async with open_ring(opts, host=host) as ring:
         lines.say(f"sfchat host on {host.address}. On each other machine run:\n  {invite_for(opts, host)}")
         lines.say("Type a prompt, or /help.")
-        drafter = new_drafter(answer.draft, ring, say=lines.say)
+        drafter = await new_drafter(answer.draft, ring, say=lines.say)
         chat = Chat(host, ring.tokenizer, ring.eos)
         policy = KPolicy(pinned=answer.k)
         async with serving_beside(ring, drafter, opts, say=lines.say):  # with --serve
@@ -128,8 +128,7 @@ async def _repl(opts: RingOptions, lines: Lines) -> int:
                         lines.say("New chat.")
                     elif cmd.name == "draft":
                         try:
-                            drafter = await trio.to_thread.run_sync(
-                                lambda: new_drafter(cmd.value, ring, say=lines.say))
+                            drafter = await new_drafter(cmd.value, ring, say=lines.say)
                         except Exception as e:  # noqa: BLE001 - a draft that does not load is not saved
                             lines.say(f"/draft: cannot use {cmd.value}: {e}")
                             continue

@@ -71,7 +71,8 @@ def invite_for(opts: RingOptions, host: Host) -> invite.Invite:
     return invite.for_host(host, opts.advertise)
 
 
-def new_drafter(spec: str | None, ring: Ring, say=say):
-    """The drafter `spec` names (--draft), for the ring's target model."""
-    return make_drafter(spec, ring.host.model_dir, ring.host.config.vocab_size, ring.tokenizer,
-                        device=ring.host.device, say=say)
+async def new_drafter(spec: str | None, ring: Ring, say=say):
+    """The drafter `spec` names (--draft), for the ring's target model, loaded on a worker thread: a draft model
+    takes seconds to load, and the host's event loop keeps its members' heartbeats going meanwhile."""
+    return await trio.to_thread.run_sync(lambda: make_drafter(
+        spec, ring.host.model_dir, ring.host.config.vocab_size, ring.tokenizer, device=ring.host.device, say=say))

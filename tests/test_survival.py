@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import trio
@@ -87,6 +88,17 @@ def test_answer_survives(incident, draft, tiny_llama):
         assert len(ring) == 2  # re-planned over the two members left
     else:
         assert len(ring) == 3  # a dropped link is re-wired, nobody is lost
+
+
+async def stall_the_host(host, lp):
+    time.sleep(5)  # the host's event loop held up longer than dead_after_s, as by a model loading on it
+
+
+def test_a_host_held_up_itself_loses_nobody(tiny_llama):
+    """Its members answered all along: their silence was the host's own, and nobody is planned out for it."""
+    r, events, ring = trio.run(answer_with_incident, tiny_llama, 2, stall_the_host)
+    assert r.token_ids == reference_ids(tiny_llama, PROMPT, N)
+    assert not _recoveries(events) and len(ring) == 2
 
 
 def test_a_restarted_member_rejoins_with_the_same_command(tiny_llama):

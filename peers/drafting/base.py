@@ -46,6 +46,9 @@ class Drafter:
         """A drafter for another conversation running at the same time: the same weights, its own state."""
         return copy.copy(self)
 
+    def close(self) -> None:
+        """Give back what it holds beyond its weights (threads, compiled graphs) once nobody drafts with it."""
+
     def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
         """After a ring pass: the tokens at positions start.. and the target's final hidden states there (for
         drafts that read them; some of those tokens may be drafts the target went on to reject)."""

@@ -49,6 +49,16 @@ class ModelDrafter(Drafter):
         return ModelDrafter(None, self.target_vocab, device=self.device, name=self.name, static=False,
                             max_len=self.max_len, model=self.model)
 
+    def close(self) -> None:
+        if self.graph_thread is not None:
+            self.graph_thread.shutdown()
+        if self.step is not self.model:
+            # compiled code stays cached, holding the model and its graphs' memory pool, until dynamo forgets it
+            torch._dynamo.reset()
+            self.step = self.model
+            if str(self.device).startswith("cuda"):
+                torch.cuda.empty_cache()
+
     def _reset(self) -> None:
         self.cache.crop(-len(self.seen)) if self.seen else None
         self.seen, self.next_logits = [], None

@@ -197,9 +197,7 @@ class Engine(Worker):
 
     async def _use_drafter(self, spec: str | None) -> None:
         if spec != self.draft_spec:
-            ring = self.ring
-            self.drafter = await trio.to_thread.run_sync(
-                lambda: new_drafter(spec, ring, say=self._say))
+            self.drafter = await new_drafter(spec, self.ring, say=self._say)
             self.draft_spec = spec
 
     async def _check_draft(self, spec: str) -> None:
