@@ -90,10 +90,10 @@ def build_shape(path: Path, config_class: str, shape: dict) -> Path:
 
 
 def bench(model: Path, quant: str, prompts: Path, out: Path) -> list[dict]:
-    code, _, err = run([sys.executable, "-m", "sfchat", "bench", "--model", str(model), "--dtype", "bfloat16", "--quant", quant,
-             "--device", "cuda", "--local-peers", "2", "--rtt-ms", "0,86", "--modes", "transformers,ring,ring-spec",
-             "--draft", str(model), "--runs", "1", "--max-new-tokens", "32", "--prompts", str(prompts),
-             "--json", str(out)], 170)
+    code, _, err = run([sys.executable, "-m", "sfchat", "bench", "--model", str(model), "--dtype", "bfloat16",
+                        "--quant", quant, "--device", "cuda", "--local-peers", "2", "--rtt-ms", "0,86",
+                        "--modes", "transformers,ring,ring-spec", "--draft", str(model), "--runs", "1",
+                        "--max-new-tokens", "32", "--prompts", str(prompts), "--json", str(out)], 170)
     if code != 0:
         raise RuntimeError(err[-1500:])
     keep = ("mode", "rtt_ms", "tokens_per_second", "tokens_per_round", "acceptance", "members")
