@@ -58,6 +58,7 @@ class Planner:
         self.drafter_bytes = 0  # what a drafter built before the plan holds on the host
         self.download = hub.Progress()  # the host's own fetch, for its row in the ring panel
         self.bars = True  # download bars on the terminal (not under a screen that shows the ring)
+        self.left_out: list[str] = []  # why members were left out of the re-plan under way, for a FitError
 
     def host_offer(self) -> int:
         """What the host offers, the embedding, head and drafter included (the plan takes them off)."""
@@ -75,14 +76,31 @@ class Planner:
     async def replan(self, host_port: int, *, unless_past: int | None = None) -> None:
         """Split the layers over the host and every live member, load, and wire the ring; a member that runs out
         of memory or is gone while taking its span (a failed download ends a joiner) is left out and the rest
-        planned again. `unless_past`: a failed pass's epoch;
-        nothing to do if another conversation's recovery has re-formed the ring since."""
+        planned again. `unless_past`: a failed pass's epoch; nothing to do if another conversation's recovery has
+        re-formed the ring since."""
         async with self.gate.alone():
             if unless_past is not None and self.epoch > unless_past and self.healthy():
                 return
-            self.left_out: list[str] = []  # why members were left out of this re-plan, for a FitError
+            self.left_out = []
             while not await self._replan(host_port):
                 pass
+
+    def _leave_out(self, bad: list[Member]) -> None:
+        """Members that did not take their spans. Gone or out of memory: out of the next plan. One that failed
+        beside a lost one (its next hop, say) is planned in again, and fails the next plan alone if the fault was
+        its own. One that cannot serve as it is (another model, say): the user must fix it (RingError)."""
+        if not any(m.state == "lost" for m in bad) and not all(m.oom for m in bad):
+            for m in bad:
+                m.state = "failed"
+            raise RingError("; ".join(f"member {m.id}: {m.error or m.state}" for m in bad))
+        for m in bad:
+            if m.state == "lost" or m.oom:
+                if m.state != "lost":
+                    m.state = "failed"
+                self.left_out.append(m.error if m.oom else f"member {m.id} ({m.name}): {m.error}")
+                log.warning("member %d (%s) left out of the ring: %s", m.id, m.name, m.error)
+            else:
+                m.state, m.error = "joining", ""
 
     async def _replan(self, host_port: int) -> bool:
         """One plan; False if members ran out of memory or were lost taking their spans (out of the next)."""
@@ -123,22 +141,9 @@ class Planner:
             with trio.move_on_after(600):
                 await m.ready.wait()
         bad = [m for m in ring if m.state != "ready"]
-        if bad and (any(m.state == "lost" for m in bad) or all(m.oom for m in bad)):
-            # gone, or out of memory: planned again without them; a member that failed beside a lost one (its next
-            # hop, say) is planned in again, and fails the next plan alone if the fault was its own
-            for m in bad:
-                if m.state == "lost" or m.oom:
-                    if m.state != "lost":
-                        m.state = "failed"
-                    self.left_out.append(m.error if m.oom else f"member {m.id} ({m.name}): {m.error}")
-                    log.warning("member %d (%s) left out of the ring: %s", m.id, m.name, m.error)
-                else:
-                    m.state, m.error = "joining", ""
+        if bad:
+            self._leave_out(bad)
             return False
-        if bad:  # a member that cannot serve as it is (another model, say): the user must fix it
-            for m in bad:
-                m.state = "failed"
-            raise RingError("; ".join(f"member {m.id}: {m.error or m.state}" for m in bad))
         if self.first_hop is not None:
             await self.first_hop.aclose()
             self.first_hop = None

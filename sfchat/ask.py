@@ -25,10 +25,8 @@ async def ask(prompt: str, opts: RingOptions, as_json: bool = False) -> int:
         text, result = await chat.reply(prompt, drafter=drafter, params=answer.sampling(),
                                         policy=KPolicy(pinned=answer.k), max_new_tokens=answer.max_new_tokens,
                                         on_text=on_text)
-        members = [{"name": m["name"], "state": m["state"], "layers": m["layers"], "rtt_ms": m["rtt_ms"],
-                    "device": m["device"],
-                    "memory_bytes": m["memory_bytes"], "peak_memory_bytes": m["peak_memory_bytes"]}
-                   for m in ring.host.members_info()]
+        keys = ("name", "state", "layers", "rtt_ms", "device", "memory_bytes", "peak_memory_bytes")
+        members = [{k: m[k] for k in keys} for m in ring.host.members_info()]
     if as_json:
         stats = result.stats.summary() | {"members": members, "finish": result.finish, "drafter": drafter.name,
                                           "per_round": result.rounds}
