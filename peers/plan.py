@@ -19,6 +19,8 @@ QUANT_BYTES = {"int8": 1.0, "nf4": 0.5 + 1 / 64 + 4 / (64 * 256)}
 CUDA_MARGIN = 1 << 30  # what the CUDA context, cuBLAS workspaces and allocator slack take beyond the tensors
 MAX_CONTEXT = 8192  # the default --max-context: the model's own limit, capped here
 MAX_PASS_POSITIONS = 1024  # a longer pass (prefill, replay) is cut into chunks of at most this many positions
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)  # pass lengths a CUDA graph is captured for (a pass is padded up to one)
+KV_BLOCK = 256  # a conversation's static KV cache grows by this many positions at a time (peers/kv.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,15 +112,22 @@ def kv_bytes(m: ModelSize, dtype: str, context: int) -> int:
     return 2 * m.kv_heads * m.head_dim * context * DTYPE_BYTES[dtype]
 
 
+def cache_positions(context: int) -> int:
+    """The positions a static KV cache holds at most for `context`: a pass padded to its graph bucket writes
+    past the conversation's end, and the cache grows in whole blocks."""
+    return -(-(context + GRAPH_BUCKETS[-1] - 1) // KV_BLOCK) * KV_BLOCK
+
+
 def pass_bytes(m: ModelSize, dtype: str, context: int) -> int:
     """The working set of the largest pass through one layer: hidden states in and out, q/k/v/o, the MLP's three
-    intermediates, and the attention scores of every head (positions x context) where a kernel materialises them."""
-    t = min(MAX_PASS_POSITIONS, context)
+    intermediates, and the attention scores of every head (positions x context) where a kernel materialises them;
+    and that of the largest graphed pass beside it (CUDA graphs keep their own memory pool)."""
+    t = min(MAX_PASS_POSITIONS, context) + GRAPH_BUCKETS[-1]
     return t * (4 * m.hidden + 3 * m.intermediate + m.heads * context) * DTYPE_BYTES[dtype]
 
 
 def layer_bytes(m: ModelSize, o: Offer, context: int) -> int:
-    return weight_bytes(m, o.dtype, o.quant) + kv_bytes(m, o.dtype, context)
+    return weight_bytes(m, o.dtype, o.quant) + kv_bytes(m, o.dtype, cache_positions(context))
 
 
 def host_bytes(m: ModelSize, dtype: str, drafter: int = 0) -> int:

@@ -1,33 +1,29 @@
 """One contiguous range of a model's decoder layers, loaded alone from safetensors and run with
-transformers' own decoder layers, rotary embedding, masks and cache.
+transformers' own decoder layers and rotary embedding, on a static KV cache of our own (peers/kv.py) whose masks
+are computed on the device, so short passes can replay as CUDA graphs (peers/graphs.py).
 
 The first stage also holds the token embedding; the host's shard also holds the final norm and LM head.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+import weakref
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from . import architectures, tree
+from . import architectures, kv
+from .graphs import Graphs, bucket
 from .checkpoint import weight_files
 from .memory import release_freed
 from .models import ModelError
 from .plan import Span
+from .kv import SessionCache
 from .tensors import DTYPES
 
-@dataclass
-class SessionCache:
-    """One conversation's KV cache for this shard's layers, and how many positions it holds."""
-
-    cache: DynamicCache
-    length: int = 0
-    last_used: float = field(default_factory=time.monotonic)
+SPARE_SLOTS = 4  # caches with captured graphs kept for the next conversations
 
 
 def load_config(model_dir: Path):
@@ -52,12 +48,18 @@ def rollback_cache(config) -> DynamicCache:
 
 class Shard:
     def __init__(self, model_dir: Path, span: Span, *, embed: bool, head: bool,
-                 dtype: str = "float32", quant: str = "none", device: str = "cpu"):
+                 dtype: str = "float32", quant: str = "none", device: str = "cpu", graphs: bool = True,
+                 padded: bool = False):
+        """graphs: capture CUDA graphs of short passes where the device is a GPU. padded: run short passes as
+        the graphs do (padded to their bucket, over the whole cache) even where nothing is captured, which is
+        how a CPU checks that path."""
         self.config = config = load_config(model_dir)
         if config.num_hidden_layers != span.n_layers:
             raise ModelError(f"model has {config.num_hidden_layers} layers, plan says {span.n_layers}")
         self.span, self.device, self.dtype = span, torch.device(device), DTYPES[dtype]
         self.hidden_size = config.hidden_size
+        self.kv_heads = config.num_key_value_heads or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # the module tree is built on the meta device (no memory), then only our tensors are read and assigned
         with torch.device("meta"):
             full = AutoModelForCausalLM.from_config(config)
@@ -77,6 +79,9 @@ class Shard:
         if self.embed is not None:
             self.family.prepare_embedding(config, self.embed, self.device)
         del full, inner
+        capture = graphs and self.device.type == "cuda"
+        self.graphs = Graphs(self.device, capture) if capture or padded else None
+        self.spare: list[kv.Slot] = []
 
     def _wanted(self) -> dict[str, tuple[torch.nn.Module, str]]:
         """checkpoint tensor name -> (module, parameter name in that module)"""
@@ -138,62 +143,84 @@ class Shard:
         return [m for m in (self.layers, self.embed, self.norm, self.lm_head) if m is not None]
 
     def new_session(self) -> SessionCache:
-        return SessionCache(rollback_cache(self.config))
+        """A conversation's cache on this shard: a slot with graphs a finished conversation left, or a new one."""
+        slot = self.spare.pop() if self.spare else kv.Slot(self.span.size, self.kv_heads, self.head_dim, self.dtype,
+                                                           self.device)
+        s = SessionCache(slot)
+        weakref.finalize(s, kv.recycle, weakref.ref(self), slot, SPARE_SLOTS)
+        return s
 
     @torch.inference_mode()
     def forward(self, s: SessionCache, committed: int, x: torch.Tensor,
                 parents: list[int] | None = None) -> torch.Tensor:
-        """Trim the cache to `committed` positions, then run x (ids [1,T] on the first stage, else hidden [1,T,H])
-        at positions committed..committed+T-1. The trim is the ring's only rollback rule. `parents`: the last
-        len(parents) positions are a tree of drafts (peers/tree.py), each at its depth and seeing its ancestors."""
+        """Run x (ids [1,T] on the first stage, else hidden [1,T,H]) at positions committed..committed+T-1, on
+        the first `committed` positions the cache holds: setting that length is the ring's only rollback rule.
+        `parents`: the last len(parents) positions are a tree of drafts (peers/tree.py), each at its depth and
+        seeing its ancestors."""
         if committed > s.length:
             raise ValueError(f"frame says {committed} positions are committed but this peer holds {s.length}")
-        if s.length:  # negative: drop the uncommitted tail (0: a sliding window's surplus); only our layers hold any
-            for layer in s.cache.layers[self.span.start : self.span.end]:
-                layer.crop(committed - s.length)
         s.length = committed
         s.last_used = time.monotonic()
-        h = self.embed(x.to(self.device)) if self.embed is not None else x.to(self.device, self.dtype)
-        t = h.shape[1]
-        if self.span.size:
-            if parents is None:
-                pos = torch.arange(committed, committed + t, device=self.device).unsqueeze(0)
-                masks = self._masks(h, s.cache, pos)
-            else:
-                pos = tree.positions(committed, t, parents).to(self.device)
-                masks = self._tree_masks(s.cache, committed, t, parents)
-            ropes = self.rotary(h, pos)
-            for i, layer in zip(range(self.span.start, self.span.end), self.layers):
-                kind = self.layer_types[i]
-                h = layer(h, attention_mask=masks[kind], position_embeddings=ropes[kind],
-                          position_ids=pos, cache=s.cache, use_cache=True)
+        x = x.to(self.device) if self.embed is not None else x.to(self.device, self.dtype)
+        t = x.shape[1]
+        b = bucket(t) if self.graphs is not None and not self.graphs.failed else None
+        h = self.graphs.call(self._pass, s.slot, committed, x, parents, b) if b else self._pass(
+            s.slot, committed, x, parents, None)
         s.length = committed + t
         return h
 
+    def _pass(self, slot: kv.Slot, committed: int, x: torch.Tensor, parents, b: int | None) -> torch.Tensor:
+        """Padded to bucket b and over the slot's whole capacity (what a graph replays), or, for b None, exactly
+        T positions over the columns the masks need (eager: no work on columns nobody sees)."""
+        t = x.shape[1]
+        slot.reserve(committed + (b or t))
+        meta = kv.meta(committed, t, parents, b or t).to(self.device)
+        if b is not None:
+            return self.graphs.run(self._step, slot, b, x, meta)
+        return self._step(slot, x, meta, self._views(committed, t))
+
+    def _views(self, committed: int, t: int) -> dict[int, tuple[int, int]]:
+        """Each layer's cache columns in an eager pass: up to the pass's end, from the window's start for a
+        sliding layer (its earliest row is at position `committed`)."""
+        window = self._window("sliding_attention") or 0
+        lo = {"full_attention": 0, "sliding_attention": max(0, committed - window + 1)}
+        return {i: (lo[self.layer_types[i]], committed + t) for i in range(self.span.start, self.span.end)}
+
+    def _step(self, slot: kv.Slot, x: torch.Tensor, meta: torch.Tensor, views=None) -> torch.Tensor:
+        """The layers over one pass, everything computed on the device from x and meta (peers/kv.py). views:
+        each layer's cache columns; None: the whole capacity, the same shapes every time."""
+        t = x.shape[1]
+        committed, pos, sees = kv.unpack(meta, t)
+        if views is None:
+            views = dict.fromkeys(range(self.span.start, self.span.end), (0, slot.capacity))
+        h = self.embed(x) if self.embed is not None else x
+        if not self.span.size:
+            return h
+        masks = {kind: self._mask(committed, pos, sees, views[layer], kind) for kind, layer in self._kinds().items()}
+        ropes = self.rotary(h, pos)
+        cache = kv.Writer(slot, self.span.start, committed + torch.arange(t, device=self.device), views)
+        for i, layer in zip(range(self.span.start, self.span.end), self.layers):
+            kind = self.layer_types[i]
+            h = layer(h, attention_mask=masks[kind], position_embeddings=ropes[kind], position_ids=pos,
+                      cache=cache, use_cache=True)
+        return h
+
+    def _mask(self, committed, pos, sees, view: tuple[int, int], kind: str) -> torch.Tensor:
+        mask = kv.visible(committed, pos, sees, *view, self._window(kind))
+        if self.config._attn_implementation == "eager":  # eager attention adds its mask to the scores
+            return torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill(
+                ~mask, torch.finfo(self.dtype).min)
+        return mask
+
+    def _window(self, kind: str) -> int | None:
+        return getattr(self.config, "sliding_window", None) if kind == "sliding_attention" else None
+
     def _kinds(self) -> dict[str, int]:
-        """Each kind of attention among this shard's layers -> the first layer of that kind (whose cache says
-        which columns a mask needs: a sliding window's keeps only its last window - 1)."""
+        """Each kind of attention among this shard's layers -> the first layer of that kind."""
         kinds: dict[str, int] = {}
         for i in range(self.span.start, self.span.end):
             kinds.setdefault(self.layer_types[i], i)
         return kinds
-
-    def _masks(self, h, cache, pos) -> dict:
-        make = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
-        return {kind: make[kind](config=self.config, inputs_embeds=h, attention_mask=None, cache=cache,
-                                 position_ids=pos, layer_idx=layer) for kind, layer in self._kinds().items()}
-
-    def _tree_masks(self, cache, committed: int, t: int, parents: list[int]) -> dict:
-        masks = {}
-        for kind, layer in self._kinds().items():
-            window = self.config.sliding_window if kind == "sliding_attention" else None
-            full = tree.attention_mask(committed, t, parents, window, self.device)
-            length, offset = cache.get_mask_sizes(t, layer)
-            masks[kind] = full[..., offset : offset + length]
-            if self.config._attn_implementation == "eager":  # eager attention adds its mask to the scores
-                masks[kind] = torch.zeros_like(masks[kind], dtype=self.dtype).masked_fill(
-                    ~masks[kind], torch.finfo(self.dtype).min)
-        return masks
 
     @torch.inference_mode()
     def finish(self, h: torch.Tensor, n_logits: int) -> tuple[torch.Tensor, torch.Tensor]:

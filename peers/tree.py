@@ -109,19 +109,25 @@ def positions(committed: int, n_tokens: int, parents: list[int]) -> torch.Tensor
     return torch.tensor([list(range(committed, root + 1)) + [root + d for d in depths(parents)]])
 
 
+def ancestors(n_tokens: int, parents: list[int], size: int | None = None) -> torch.Tensor:
+    """Boolean [size, size]: which of the pass's own positions row i may see. A pending token sees those before
+    it and itself; a node sees every pending token, its ancestors and itself. Rows past n_tokens (padding up to
+    `size`) see only themselves."""
+    size = size or n_tokens
+    n_pending = n_tokens - len(parents)
+    sees = torch.eye(size, dtype=torch.bool)
+    sees[:n_tokens, :n_pending] = torch.ones(n_tokens, n_pending, dtype=torch.bool).tril()
+    for i, p in enumerate(parents):
+        if p >= 0:
+            sees[n_pending + i, n_pending:n_tokens] |= sees[n_pending + p, n_pending:n_tokens]
+    return sees
+
+
 def attention_mask(committed: int, n_tokens: int, parents: list[int], window: int | None = None,
                    device=None) -> torch.Tensor:
     """Boolean mask [1, 1, n_tokens, committed + n_tokens] (True: may attend): causal over the conversation, and
     a node sees the tokens before the root, the root and its own ancestors. `window`: a sliding-window layer's."""
-    n_pending, total = n_tokens - len(parents), committed + n_tokens
-    allowed = torch.ones(n_tokens, total, dtype=torch.bool).tril(committed)  # plain causal
-    first = committed + n_pending  # the nodes' columns start here
-    allowed[n_pending:, first:] = False
-    for i, p in enumerate(parents):  # a node sees what its parent sees, and itself
-        row = n_pending + i
-        if p >= 0:
-            allowed[row, first:] = allowed[n_pending + p, first:]
-        allowed[row, first + i] = True
+    allowed = torch.cat([torch.ones(n_tokens, committed, dtype=torch.bool), ancestors(n_tokens, parents)], dim=1)
     if window is not None:
         pos = positions(committed, n_tokens, parents)[0]
         kv = torch.cat([torch.arange(committed), pos])
