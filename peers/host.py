@@ -55,7 +55,7 @@ class Host:
                              on_change=lambda: self.on_change(), on_join=self._joined)
         size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
-                        self.quant, self.device, size, opts.max_context or size.default_context())
+                        self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs)
         self.planner = Planner(target, self.roster, offer_gb=opts.offer_gb, token=self.token, tls=self.tls,
                                on_change=lambda: self.on_change())
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring

@@ -20,6 +20,7 @@ class HostOptions:
     tls: bool = False
     relay: str | None = None  # also reachable through this relay
     max_context: int | None = None  # None: the model's limit, capped
+    graphs: bool = True  # CUDA graphs of short passes (a GPU only)
 
 
 @dataclass(frozen=True)
@@ -36,3 +37,4 @@ class PeerOptions:
     name: str = "peer"
     relay: str | None = None
     tls_pin: str | None = None  # the host's certificate fingerprint from a --tls invite
+    graphs: bool = True  # CUDA graphs of short passes (a GPU only)

@@ -52,7 +52,7 @@ class Peer:
         self.listen, self.advertise, self.quant = opts.listen, opts.advertise, opts.quant
         self.device = opts.device or default_device()
         self.dtype = pick_dtype(opts.dtype, self.device)  # each member its own; hidden states convert at each hop
-        self.offer_gb, self.name = opts.offer_gb, opts.name
+        self.offer_gb, self.name, self.graphs = opts.offer_gb, opts.name, opts.graphs
         self.relay = links.relay_of(opts.address, opts.relay)  # also reachable through it, if any
         self.tls_pin = opts.tls_pin  # the host's certificate fingerprint from the invite: the ring uses TLS
         self.tls = TLSEndpoint(bool(opts.tls_pin), f"peer-{opts.name}")
@@ -141,7 +141,7 @@ class Peer:
     def _load(self, model_dir, span: Span) -> Shard:
         injected_failure(self.name, "load", self.device)
         return Shard(model_dir, span, embed=False, head=False, dtype=self.dtype, quant=self.quant,
-                     device=self.device)
+                     device=self.device, graphs=self.graphs)
 
     def _memory(self) -> dict:
         now, peak = usage(self.device)

@@ -41,6 +41,7 @@ class Target:
     device: str
     size: ModelSize  # what the plan weighs (peers/plan.py)
     max_context: int
+    graphs: bool = True  # CUDA graphs of the host's short passes
 
 
 class Planner:
@@ -123,7 +124,7 @@ class Planner:
             self.shard = None  # free the old span before loading the new one
             self.shard = await trio.to_thread.run_sync(
                 lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
-                              device=t.device))
+                              device=t.device, graphs=t.graphs))
         for i, m in enumerate(ring):
             nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"
             pin = ring[i + 1].tls_fingerprint if i + 1 < len(ring) else self.tls.fingerprint

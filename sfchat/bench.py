@@ -253,7 +253,7 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
     rows = []
     async with shaped_relay(rtt_ms / links) as relay:
         opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
-                                       relay=relay), local_peers=args.local_peers)
+                                       relay=relay, graphs=not args.no_graphs), local_peers=args.local_peers)
         advance(f"ring at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
         async with open_ring(opts, announce=False) as ring:
             if len(ring.host.ring) != args.local_peers:
@@ -423,7 +423,8 @@ async def bench(args) -> int:
     if args.json:
         doc = {"machine": machine_info(), "command": "sfchat " + " ".join(sys.argv[1:]) if sys.argv else "",
                "config": {"model": args.model or models.DEFAULT_MODEL, "draft": draft_label(args.draft, model_dir),
-                          "dtype": args.dtype, "local_peers": args.local_peers, "rtt_ms": rtts, "runs": args.runs,
+                          "dtype": args.dtype, "graphs": not args.no_graphs, "local_peers": args.local_peers,
+                          "rtt_ms": rtts, "runs": args.runs,
                           "max_new_tokens": args.max_new_tokens, "prompts": prompts},
                "rows": out, "serving_rows": serving, "checks": notes}
         with open(args.json, "w") as f:

@@ -84,6 +84,8 @@ def _model_args(p: argparse.ArgumentParser, model_help: str = MODEL_HELP + " (de
     p.add_argument("--quant", default="none", choices=["none", "int8", "nf4"],
                    help="quantize the weights while loading (int8, nf4: bitsandbytes, CUDA)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda if present)")
+    p.add_argument("--no-graphs", action="store_true", help="on a GPU, run every pass eagerly instead of replaying "
+                   "CUDA graphs of short passes")
 
 
 def _gen_args(p: argparse.ArgumentParser) -> None:

@@ -55,7 +55,7 @@ def stop(procs: list[subprocess.Popen], timeout: float = 5) -> None:
 
 class LocalPeers:
     def __init__(self, n: int, host_addr: str, token: str, *, model: str | None = None, dtype: str = "auto",
-                 quant: str = "none", extra: list[str] | None = None):
+                 quant: str = "none", graphs: bool = True, extra: list[str] | None = None):
         self.procs: list[subprocess.Popen] = []
         logs = cache_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -64,6 +64,8 @@ class LocalPeers:
         for i in range(n):
             cmd = [sys.executable, "-m", "sfchat", "join", host_addr, "--headless",
                    "--name", local_name(i), "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant]
+            if not graphs:
+                cmd.append("--no-graphs")
             if model:
                 cmd += ["--model", model]
             cmd += extra or []

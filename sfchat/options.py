@@ -83,7 +83,7 @@ def ring_options(args, s: Settings | None = None) -> RingOptions:
     host = HostOptions(model=a.get("model") or (s.model if s else None) or None, token=a.get("token"),
                        listen=a.get("listen") or "127.0.0.1:0", device=a.get("device"),
                        dtype=a.get("dtype", "auto"), quant=a.get("quant", "none"), tls=bool(a.get("tls")),
-                       relay=a.get("relay"), max_context=a.get("max_context"))
+                       relay=a.get("relay"), max_context=a.get("max_context"), graphs=not a.get("no_graphs"))
     serve = None
     if a.get("serve"):
         serve = ServeOptions(a["serve"], api_key=a.get("api_key"), insecure_no_key=bool(a.get("insecure_no_key")),
@@ -95,5 +95,5 @@ def ring_options(args, s: Settings | None = None) -> RingOptions:
 def join_options(args) -> JoinOptions:
     peer = PeerOptions(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
                        device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb,
-                       name=args.name, relay=args.relay, tls_pin=args.tls)
+                       name=args.name, relay=args.relay, tls_pin=args.tls, graphs=not args.no_graphs)
     return JoinOptions(peer, stay=args.stay)

@@ -43,7 +43,7 @@ async def open_ring(opts: RingOptions, *, announce: bool = True, host: Host | No
     async with trio.open_nursery() as nursery:
         await nursery.start(host.serve)
         local = LocalPeers(n_local, host.relay_address or host.address, host.token, model=host.source.spec,
-                           dtype=opts.host.dtype, quant=opts.host.quant,
+                           dtype=opts.host.dtype, quant=opts.host.quant, graphs=opts.host.graphs,
                            extra=["--tls", host.tls.fingerprint] if host.tls.enabled else None) if n_local else None
         try:
             if wait_peers and announce:

@@ -39,3 +39,12 @@ def test_options_are_frozen_and_a_change_is_a_new_object():
         opts.answer.temperature = 1.0
     hotter = dataclasses.replace(opts.answer, temperature=1.0)
     assert (hotter.temperature, opts.answer.temperature) == (1.0, 0.7)
+
+
+def test_no_graphs_reaches_the_host_each_joiner_and_the_local_peers():
+    for cmd in (["ask", "hi"], ["host"], ["serve"]):
+        assert ring_options(parser().parse_args(cmd)).host.graphs
+        assert not ring_options(parser().parse_args(cmd + ["--no-graphs"])).host.graphs
+    assert not join_options(parser().parse_args(["join", "h:1", "--no-graphs"])).peer.graphs
+    assert join_options(parser().parse_args(["join", "h:1"])).peer.graphs
+    assert parser().parse_args(["bench", "--no-graphs"]).no_graphs
