@@ -54,11 +54,11 @@ class Graphs:
 
     def run(self, step, slot, b: int, x: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
         """step(slot, x, meta) over the padded pass, replayed from a graph where one can be captured; the
-        result's first x.shape[1] positions."""
+        result's first x.shape[1] positions. meta: on the host (peers/kv.py)."""
         n = x.shape[1]
         x = pad(x, b)
         if not self.capture or self.failed:
-            return step(slot, x, meta)[:, :n]
+            return step(slot, x, meta.to(self.device))[:, :n]
         x_in, meta_in = self._inputs(b, x, meta)
         x_in.copy_(x)
         meta_in.copy_(meta)
@@ -70,14 +70,14 @@ class Graphs:
                 self.failed = True
                 log.warning("CUDA graphs are off on this member: capturing a pass of %d positions failed (%s: %s); "
                             "passes run eagerly", b, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-                return step(slot, x, meta)[:, :n]
+                return step(slot, x, meta_in)[:, :n]
         graph, out = got
         graph.replay()
         return out[:, :n].clone()  # the pool's memory is every graph's scratch: copy out before another replays
 
     def _inputs(self, b: int, x: torch.Tensor, meta: torch.Tensor):
         if b not in self.inputs or self.inputs[b][0].dtype != x.dtype:
-            self.inputs[b] = (torch.empty_like(x), torch.empty_like(meta))
+            self.inputs[b] = (torch.empty_like(x), torch.empty_like(meta, device=self.device))
         return self.inputs[b]
 
     def _capture(self, step, slot, x_in, meta_in):

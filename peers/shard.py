@@ -174,10 +174,10 @@ class Shard:
         T positions over the columns the masks need (eager: no work on columns nobody sees)."""
         t = x.shape[1]
         slot.reserve(committed + (b or t))
-        meta = kv.meta(committed, t, parents, b or t).to(self.device)
+        meta = kv.meta(committed, t, parents, b or t)  # on the host: a graph copies it into its own buffer
         if b is not None:
             return self.graphs.run(self._step, slot, b, x, meta)
-        return self._step(slot, x, meta, self._views(committed, t))
+        return self._step(slot, x, meta.to(self.device), self._views(committed, t))
 
     def _views(self, committed: int, t: int) -> dict[int, tuple[int, int]]:
         """Each layer's cache columns in an eager pass: up to the pass's end, from the window's start for a

@@ -1,19 +1,22 @@
 """On an NVIDIA GPU (scripts/gpu_check; skipped elsewhere): the ring is exact against transformers on the same
-GPU in float32 and bfloat16, and quantized spans are stored quantized on the device."""
+GPU in float32 and bfloat16, with CUDA graphs and without; a graph's replay equals the eager pass on every bucket
+and in every architecture; quantized spans are stored quantized on the device."""
 import pytest
 import torch
 import trio
 from transformers import AutoModelForCausalLM
 
 from helpers import running_ring
+from peers.plan import GRAPH_BUCKETS
 from peers.shard import Shard, Span
-from tiny import make_model
+from tiny import ARCHS, make_model
 
 pytestmark = pytest.mark.cuda
 
 
+@pytest.mark.parametrize("graphs", [True, False])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_ring_on_the_gpu_equals_transformers_there(dtype, tiny_llama):
+def test_ring_on_the_gpu_equals_transformers_there(dtype, graphs, tiny_llama):
     prompt, new = [5, 17, 42, 99, 7, 3, 120, 64], 16
 
     async def ring() -> list[int]:
@@ -21,8 +24,8 @@ def test_ring_on_the_gpu_equals_transformers_there(dtype, tiny_llama):
             return await greedy_on_the_ring()
 
     async def greedy_on_the_ring() -> list[int]:
-        async with running_ring(tiny_llama, 1, extra=["--device", "cuda", "--dtype", dtype], device="cuda",
-                                dtype=dtype) as (host, _):
+        extra = ["--device", "cuda", "--dtype", dtype] + ([] if graphs else ["--no-graphs"])
+        async with running_ring(tiny_llama, 1, extra=extra, device="cuda", dtype=dtype, graphs=graphs) as (host, _):
             assert host.ring and host.ring[0].device.startswith("cuda")
             rs, tokens = host.new_session("gpu"), list(prompt)
             for _ in range(new):
@@ -52,3 +55,33 @@ def test_quantized_span_is_quantized_on_the_gpu(quant, stored, tmp_path):
     assert held < (0.7 if quant == "int8" else 0.5) * full, (held, full)
     x = torch.randn(1, 5, s.hidden_size)
     assert torch.isfinite(s.forward(s.new_session(), 0, x).float()).all()
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_a_graph_replay_equals_the_eager_pass_on_every_bucket(arch, tmp_path):
+    model = make_model(tmp_path / arch, arch, layers=2, seed=4)
+    graphed = Shard(model, Span(0, 2, 2), embed=True, head=True, device="cuda")
+    eager = Shard(model, Span(0, 2, 2), embed=True, head=True, device="cuda", graphs=False)
+    assert graphed.graphs is not None and eager.graphs is None
+    ids = [(7 * i + 3) % 250 for i in range(120)]
+
+    def passes(shard, s):
+        """A prefill (eager: longer than any bucket), then passes of every length up to 32, each keeping only
+        its first position (the rest rolled back), and a tree."""
+        out, at = [shard.forward(s, 0, torch.tensor([ids[:40]]))], 40
+        for t in list(range(1, 33)) + [1, 2]:
+            out.append(shard.forward(s, at, torch.tensor([ids[at:at + t]])))
+            at += 1
+        out.append(shard.forward(s, at, torch.tensor([ids[at:at + 5]]), [-1, 0, 1, -1]))
+        return out
+
+    slot = None
+    for conversation in range(2):  # the second reuses the first's slot and its graphs
+        s_graphed = graphed.new_session()
+        if slot is not None:
+            assert s_graphed.slot is slot
+        slot = s_graphed.slot
+        for a, b in zip(passes(graphed, s_graphed), passes(eager, eager.new_session())):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        assert not graphed.graphs.failed and set(slot.graphs) == set(GRAPH_BUCKETS)
+        del s_graphed
