@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
-from . import architectures, kv
+from . import architectures, kv, packed
 from .graphs import Graphs, bucket
 from .checkpoint import weight_files
 from .memory import release_freed
@@ -64,6 +64,7 @@ class Shard:
         with torch.device("meta"):
             full = AutoModelForCausalLM.from_config(config)
         inner = full.model
+        packed.route(config)  # attention through peers/packed.py: several conversations can share a pass
         self.layers = torch.nn.ModuleList(inner.layers[span.start : span.end])
         self.embed = inner.embed_tokens if embed else None
         self.norm = inner.norm if head else None
@@ -169,6 +170,50 @@ class Shard:
         s.length = committed + t
         return h
 
+    @torch.inference_mode()
+    def forward_many(self, items: list[tuple[SessionCache, int, torch.Tensor, list[int] | None]]) -> list[torch.Tensor]:
+        """Several conversations' passes as one (peers/packed.py): each item is forward's (cache, committed, x,
+        parents); returns each one's hidden states. Eager: the positions of all of them packed in one sequence."""
+        if len(items) == 1:
+            return [self.forward(*items[0])]
+        for s, committed, x, _ in items:
+            if committed > s.length:
+                raise ValueError(f"frame says {committed} positions are committed but this peer holds {s.length}")
+        bounds, start = [], 0
+        for _, _, x, _ in items:
+            bounds.append((start, start + x.shape[1]))
+            start += x.shape[1]
+        x = torch.cat([x.to(self.device) for _, _, x, _ in items], dim=1)
+        if self.embed is None:
+            x = x.to(self.dtype)
+        h = self._step_many(items, x, bounds)
+        for s, committed, x_i, _ in items:
+            s.length, s.last_used = committed + x_i.shape[1], time.monotonic()
+        return [h[:, a:b] for a, b in bounds]
+
+    def _step_many(self, items, x: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
+        h = self.embed(x) if self.embed is not None else x
+        if not self.span.size:
+            return h
+        slots, indices, views, metas = [], [], [], []
+        for s, committed, x_i, parents in items:
+            t = x_i.shape[1]
+            s.slot.reserve(committed + t)
+            slots.append(s.slot)
+            indices.append(committed + torch.arange(t, device=self.device))
+            views.append(self._views(committed, t))
+            metas.append(kv.unpack(kv.meta(committed, t, parents, t).to(self.device), t))
+        pos = torch.cat([m[1] for m in metas], dim=1)
+        masks = {kind: packed.Packed([self._mask(*m, v[layer], kind) for m, v in zip(metas, views)], bounds)
+                 for kind, layer in self._kinds().items()}
+        ropes = self.rotary(h, pos)
+        cache = packed.Writer(slots, self.span.start, indices, views, bounds)
+        for i, layer in zip(range(self.span.start, self.span.end), self.layers):
+            kind = self.layer_types[i]
+            h = layer(h, attention_mask=masks[kind], position_embeddings=ropes[kind], position_ids=pos,
+                      cache=cache, use_cache=True)
+        return h
+
     def _pass(self, slot: kv.Slot, committed: int, x: torch.Tensor, parents, b: int | None) -> torch.Tensor:
         """Padded to bucket b and over the slot's whole capacity (what a graph replays), or, for b None, exactly
         T positions over the columns the masks need (eager: no work on columns nobody sees)."""
@@ -207,7 +252,7 @@ class Shard:
 
     def _mask(self, committed, pos, sees, view: tuple[int, int], kind: str) -> torch.Tensor:
         mask = kv.visible(committed, pos, sees, *view, self._window(kind))
-        if self.config._attn_implementation == "eager":  # eager attention adds its mask to the scores
+        if self.config.sfchat_attention == "eager":  # eager attention adds its mask to the scores
             return torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill(
                 ~mask, torch.finfo(self.dtype).min)
         return mask

@@ -1,0 +1,75 @@
+"""Several conversations in one pass: their positions packed one after another into one sequence.
+
+A decoder layer's matrices (q/k/v/o and the MLP) treat every position alike, so they run once over the packed
+sequence and read the weights once for all conversations: on a decode pass that reading is most of the cost.
+Only attention must keep conversations apart. Each one's keys and values go to its own slot (peers/kv.py), and
+each one's queries attend to its own slot under its own mask. The layers pass what the cache returns and the
+mask they are given straight to the attention function, so a `Packed` list travels through them untouched, and
+`attention` below, registered with transformers, splits the queries by segment and calls the family's own
+attention on each.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+NAME = "sfchat_packed"
+
+
+class Packed(list):
+    """Per-segment keys, values or masks, in segment order; `bounds`: each segment's [start, end) in the pass."""
+
+    def __init__(self, parts, bounds: list[tuple[int, int]]):
+        super().__init__(parts)
+        self.bounds = bounds
+
+
+class Writer:
+    """The cache transformers' attention layers call during a packed pass: `update` writes each segment's keys and
+    values into its own slot at its cache indices and returns, per segment, the columns its mask covers."""
+
+    def __init__(self, slots, first_layer: int, indices: list[torch.Tensor], views: list[dict],
+                 bounds: list[tuple[int, int]]):
+        self.slots, self.first, self.indices, self.views, self.bounds = slots, first_layer, indices, views, bounds
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        keys, values = [], []
+        for slot, index, views, (a, b) in zip(self.slots, self.indices, self.views, self.bounds):
+            k, v = slot.keys[layer_idx - self.first], slot.values[layer_idx - self.first]
+            k.index_copy_(2, index, key_states[:, :, a:b])
+            v.index_copy_(2, index, value_states[:, :, a:b])
+            lo, hi = views[layer_idx]
+            keys.append(k[:, :, lo:hi])
+            values.append(v[:, :, lo:hi])
+        return Packed(keys, self.bounds), Packed(values, self.bounds)
+
+
+def attention(module, query, key, value, attention_mask, **kwargs):
+    """The family's own attention (`module.sfchat_attention`: sdpa, or the model's eager one), per segment when the
+    pass is packed, else as it is."""
+    inner = family_attention(module)
+    if not isinstance(key, Packed):
+        return inner(module, query, key, value, attention_mask, **kwargs)
+    outs = [inner(module, query[:, :, a:b], k, v, m, **kwargs)[0]
+            for (a, b), k, v, m in zip(key.bounds, key, value, attention_mask)]
+    return torch.cat(outs, dim=1), None  # [1, positions, heads, head_dim], as the attention functions return it
+
+
+def family_attention(module):
+    name = module.config.sfchat_attention
+    if name == "eager":  # each model's own eager attention (Gemma 2's soft-caps its logits)
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def route(config) -> None:
+    """Send a model's attention through `attention` (its own kind kept in config.sfchat_attention)."""
+    if config._attn_implementation != NAME:
+        config.sfchat_attention = config._attn_implementation
+        config._attn_implementation = NAME
+
+
+AttentionInterface.register(NAME, attention)
