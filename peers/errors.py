@@ -7,3 +7,12 @@ class RingError(Exception):
 
 class FitError(RingError):
     """The ring cannot hold the model; the message is one line with the numbers and what would help."""
+
+
+class CannotServe(RingError):
+    """A member cannot take the span it was given (the model cannot be fetched or loaded, or does not fit): it
+    tells the host, which plans without it, and `sfchat join` exits with this line (or retries, with --stay)."""
+
+    def __init__(self, message: str, *, oom: bool = False):
+        super().__init__(message)
+        self.oom = oom

@@ -52,7 +52,7 @@ class Host:
         self.config = load_config(self.model_dir)
         self.fingerprint = config_fingerprint(self.model_dir)
         self.roster = Roster(tls=self.tls.enabled, heartbeat_s=opts.heartbeat_s, dead_after_s=opts.dead_after_s,
-                             on_change=lambda: self.on_change(), on_join=self._joined)
+                             on_change=lambda: self.on_change(), on_join=self._joined, on_lost=self._lost)
         size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
                         self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs)
@@ -87,11 +87,19 @@ class Host:
         if self.auto_replan:
             self.nursery.start_soon(self.planner.replan_logged, self.port)
 
+    def _lost(self, m: Member) -> None:
+        """A member of the ring is gone: re-plan over the rest now, not at the next pass (unless a pass's own
+        recovery has done it by then)."""
+        if self.auto_replan and not self.roster.closing and m in self.ring:
+            self.nursery.start_soon(self.planner.replan_logged, self.port, self.epoch)
+
     def members_info(self) -> list[dict]:
         now, peak = usage(self.device)
         fetching = self.planner.fetching()
+        problem = "" if self.planner.gate.replanning else self.planner.problem()
         host = {"id": 0, "name": "host", "address": self.address, "device": self.device, "dtype": self.dtype,
-                "layers": str(self.shard.span) if self.shard else "", "state": downloading(fetching) or "ready",
+                "layers": str(self.shard.span) if self.shard else "",
+                "state": downloading(fetching) or ("waiting" if problem else "ready"), "error": problem,
                 "download": fetching, "rtt_ms": 0.0,
                 "memory_bytes": now, "peak_memory_bytes": peak, "free_bytes": int(self.planner.host_offer())}
         return [host] + [m.info() for m in self.members]
@@ -172,6 +180,9 @@ class Host:
         (the rollback rule), so a failed or repeated pass is harmless. `parents`: the drafts form a tree
         (peers/tree.py), not a chain. Returns (logits [K+1, vocab], timing)."""
         async with self.planner.gate.share():  # other conversations' passes may be in flight too; no re-plan
+            if why := self.planner.problem():  # never an answer from part of the model
+                s.lost()
+                raise RingError(f"the ring cannot answer: {why}")
             return await self._forward(s, tokens, drafts, sent, parents)
 
     async def _forward(self, s: RingSession, tokens: list[int], drafts: list[int],

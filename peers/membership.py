@@ -51,6 +51,7 @@ class Member:
     ready: trio.Event = field(default_factory=trio.Event)
     error: str = ""
     oom: bool = False  # it failed by running out of memory (error says how)
+    leaving: bool = False  # it cannot serve as it is and leaves once the host hangs up (sfchat join exits)
 
     def info(self) -> dict:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
@@ -74,11 +75,13 @@ class Member:
 
 
 class Roster:
-    """The members, their control links and heartbeats. `on_join` runs after each admission."""
+    """The members, their control links and heartbeats. `on_join` runs after each admission, `on_lost(member)`
+    when a member is lost."""
 
-    def __init__(self, *, tls: bool, heartbeat_s: float, dead_after_s: float, on_change, on_join):
+    def __init__(self, *, tls: bool, heartbeat_s: float, dead_after_s: float, on_change, on_join,
+                 on_lost=lambda m: None):
         self.tls, self.heartbeat_s, self.dead_after_s = tls, heartbeat_s, dead_after_s
-        self.on_change, self.on_join = on_change, on_join
+        self.on_change, self.on_join, self.on_lost = on_change, on_join, on_lost
         self.members: list[Member] = []
         self.ids = itertools.count(1)
         self.joined = trio.Condition()
@@ -126,15 +129,18 @@ class Roster:
             if m.state != "lost":
                 m.state, m.error = "lost", m.error or "its connection closed"
                 m.ready.set()
-                # the host ending the ring closes every member: that is no loss to warn about
-                log.log(logging.INFO if self.closing else logging.WARNING, "member %d (%s) lost: %s", m.id, m.name,
-                        m.error)
+                # the host ending the ring closes every member, and one that cannot serve leaves: no loss to warn about
+                log.log(logging.INFO if self.closing or m.leaving else logging.WARNING, "member %d (%s) %s: %s",
+                        m.id, m.name, "left" if m.leaving else "lost", m.error)
                 self.on_change()
+                self.on_lost(m)
 
     async def _heard(self, m: Member, handle, msg: dict) -> None:
         m.last_seen = time.monotonic()
         handle(m, msg)
         self.on_change()
+        if m.leaving:  # it waits for the host to hang up, so its failure is read before its link closes
+            await m.ctl.aclose()
 
     async def heartbeat(self) -> None:
         """Ping every member; one silent for dead_after_s (killed, stopped, cut off) is declared lost.
@@ -176,6 +182,7 @@ class Roster:
         m.ready.set()
         log.warning("member %d (%s) lost: %s", m.id, m.name, why)
         self.on_change()
+        self.on_lost(m)
         await m.ctl.aclose()
 
     async def tell(self, members: list[Member], msg: dict, timeout: float = math.inf) -> None:
@@ -208,6 +215,7 @@ def _progress(m: Member, msg: dict) -> None:
 
 def _fail(m: Member, msg: dict) -> None:
     m.state, m.error, m.oom = "failed", str(msg.get("error")), bool(msg.get("oom"))
+    m.leaving = bool(msg.get("leaving"))
     m.download = None
     log.error("member %d cannot serve: %s", m.id, m.error)
     m.ready.set()

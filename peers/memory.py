@@ -98,9 +98,12 @@ def oom_line(who: str, device: str, doing: str) -> str:
 
 def injected_failure(who: str, stage: str, device: str) -> None:
     """Tests only: SFCHAT_TEST_OOM=NAME:STAGE (load or pass) has member NAME ask its device's allocator for a
-    pebibyte at that stage, so a real allocation failure travels the real path."""
+    pebibyte at that stage, so a real allocation failure travels the real path; SFCHAT_TEST_BREAK=NAME:STAGE has
+    it fail there as a file that cannot be read would."""
     if os.environ.get("SFCHAT_TEST_OOM") == f"{who}:{stage}":
         torch.empty(1 << 50, dtype=torch.uint8, device=device)
+    if os.environ.get("SFCHAT_TEST_BREAK") == f"{who}:{stage}":
+        raise OSError(f"injected failure {who}:{stage} (SFCHAT_TEST_BREAK)")
 
 
 def pick_dtype(name: str, device: str) -> str:

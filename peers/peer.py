@@ -16,6 +16,7 @@ import trio
 from . import device, hub, links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
+from .errors import CannotServe
 from .control import ControlLink
 from .memory import default_device, free_bytes, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes, usage
 from .options import PeerOptions
@@ -69,6 +70,7 @@ class Peer:
         self.st = PeerState(device=self.device, host=opts.address)
         self.base_bytes = 0  # what it used just before it loaded its span
         self.member_id = 0  # the host's number for it (in each assignment)
+        self.cannot_serve: CannotServe | None = None  # why it left: its span cannot be had here
         self.on_change = on_change or (lambda st: None)
         self.bars = on_change is None  # download bars on the terminal, unless the peer screen shows progress
 
@@ -94,8 +96,13 @@ class Peer:
             task_status.started(my_port)
             try:
                 await self._control(ctl, nursery)
+            except ChannelClosed:
+                if self.cannot_serve is None:
+                    raise
             finally:
                 nursery.cancel_scope.cancel()
+        if self.cannot_serve is not None:
+            raise self.cannot_serve
 
     async def _control(self, ctl: Channel, nursery) -> None:
         async def ping(msg: dict) -> None:
@@ -120,23 +127,22 @@ class Peer:
             try:
                 await self._assign(msg, ctl)
                 await ctl.send({"t": "ready", "epoch": self.epoch, **self._memory()})
-            except Exception as e:
-                oom = is_oom(e)
-                if not oom and not isinstance(e, (models.ModelError, wire.WireError, AuthError, OSError,
-                                                  ChannelClosed, ValueError)):
-                    raise
-                if oom:
-                    self.shard = None  # what was loaded goes back before the numbers are read
-                    error = oom_line(f"member {self.member_id} ({self.name})", self.device,
-                                     f"loading layers {msg.get('start')}-{int(msg.get('end', 0)) - 1}")
-                else:
-                    error = str(e)
-                log.error("cannot take the assignment: %s", error)
-                self._changed(state="failed", error=error)
-                try:
-                    await ctl.send({"t": "fail", "epoch": msg.get("epoch"), "error": error, "oom": oom})
-                except ChannelClosed:
-                    pass
+            except CannotServe as e:  # its span cannot be had here: say so, and leave once the host has read it
+                self.cannot_serve = e  # (first: the host may hang up before the send below returns)
+                await self._failed(ctl, msg, str(e), oom=e.oom, leaving=True)
+                with trio.move_on_after(5):  # the host hangs up on reading it; _control then returns
+                    await trio.sleep_forever()
+                await ctl.aclose()
+            except (wire.WireError, AuthError, OSError, ChannelClosed, ValueError) as e:  # its next hop, say
+                await self._failed(ctl, msg, str(e))
+
+    async def _failed(self, ctl: Channel, msg: dict, error: str, **flags) -> None:
+        log.error("cannot take the assignment: %s", error)
+        self._changed(state="failed", error=error)
+        try:
+            await ctl.send({"t": "fail", "epoch": msg.get("epoch"), "error": error, **flags})
+        except ChannelClosed:
+            pass
 
     def _load(self, model_dir, span: Span) -> Shard:
         injected_failure(self.name, "load", self.device)
@@ -156,6 +162,31 @@ class Peer:
         # no --model: the host's, a hub model pinned to the commit the host resolved
         spec = self.model_spec or validate.need(msg, "model", str)
         self._changed(state="loading", span=span)
+        try:
+            await self._take_span(spec, span, msg, ctl)
+        except Exception as e:
+            if is_oom(e):
+                self.shard = None  # what was loaded goes back before the numbers are read
+                raise CannotServe(oom_line(f"member {self.member_id} ({self.name})", self.device,
+                                           f"loading layers {span}"), oom=True) from None
+            if isinstance(e, models.ModelError):
+                raise CannotServe(str(e)) from None
+            log.exception("loading layers %s failed", span)
+            raise CannotServe(f"cannot load layers {span} of {spec}: {type(e).__name__}: {e}") from None
+        self.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
+        if self.next is not None:
+            await self.next.aclose()
+        nxt = validate.need(msg, "next", str)
+        if nxt == "@host":  # the last member returns to the host at the address it reached it by
+            nxt = links.host_return(self.host_addr, validate.need(msg, 'host_port', int, 1))
+        stream = await TLSEndpoint.dial(await links.dial(nxt), msg.get("next_tls") or None)
+        self.next = Channel(stream, f"next {nxt}")
+        await client_handshake(self.next, self.token, "data")
+        self.epoch = epoch
+        self._changed(state="ready", next_hop=nxt, sessions=0)
+
+    async def _take_span(self, spec: str, span: Span, msg: dict, ctl: Channel) -> None:
+        """The model's files for `span`, checked against the host's, fetched and loaded (unless already here)."""
         source = await trio.to_thread.run_sync(lambda: models.open_source(spec, host=False, say=log.info))
         model_dir = source.dir
         mine = config_fingerprint(model_dir)
@@ -175,17 +206,6 @@ class Peer:
             self.shard = await trio.to_thread.run_sync(self._load, model_dir, span)
             self.shard_dir = model_dir
             log.info("loaded layers %s in %.2f s", span, time.monotonic() - t0)
-        self.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
-        if self.next is not None:
-            await self.next.aclose()
-        nxt = validate.need(msg, "next", str)
-        if nxt == "@host":  # the last member returns to the host at the address it reached it by
-            nxt = links.host_return(self.host_addr, validate.need(msg, 'host_port', int, 1))
-        stream = await TLSEndpoint.dial(await links.dial(nxt), msg.get("next_tls") or None)
-        self.next = Channel(stream, f"next {nxt}")
-        await client_handshake(self.next, self.token, "data")
-        self.epoch = epoch
-        self._changed(state="ready", next_hop=nxt, sessions=0)
 
     async def _fetch(self, source: models.Source, span: Span, ctl: Channel) -> None:
         """Fetch the files of `span` (a hub model's), telling the host and the screen how far it got."""

@@ -201,6 +201,17 @@ def pass_chunks(n_positions: int, hidden: int, wire_bytes: int, max_frame: int, 
     return list(zip(cuts, cuts[1:] + [n_positions]))
 
 
+def covers(spans: list[Span], n_layers: int) -> bool:
+    """The ring's spans, host first and in pass order, hold every layer exactly once: the first starts at 0, each
+    starts where the one before it ends, the last ends at n_layers. (Empty spans hold nothing and are skipped.)"""
+    end = 0
+    for s in spans:
+        if s.n_layers != n_layers or (s.size and s.start != end):
+            return False
+        end = s.end if s.size else end
+    return end == n_layers
+
+
 def split_layers(n_layers: int, offers: list[float]) -> list[Span]:
     """Contiguous spans, member i getting about n_layers * offer_i / sum(offers) layers (largest remainder).
 

@@ -19,7 +19,7 @@ from .errors import FitError, RingError
 from .membership import Member, Roster
 from .pass_gate import PassGate
 from .memory import free_bytes
-from .plan import QUANT_BYTES, ModelSize, Offer, plan
+from .plan import QUANT_BYTES, ModelSize, Offer, covers, plan
 from .shard import Shard
 from .tensors import DTYPES
 from .tls import Endpoint as TLSEndpoint
@@ -59,7 +59,9 @@ class Planner:
         self.drafter_bytes = 0  # what a drafter built before the plan holds on the host
         self.download = hub.Progress()  # the host's own fetch, for its row in the ring panel
         self.bars = True  # download bars on the terminal (not under a screen that shows the ring)
-        self.left_out: list[str] = []  # why members were left out of the re-plan under way, for a FitError
+        self.left_out: list[str] = []  # why members were left out since the last plan that held, for a FitError
+        self.planned = 0  # the last epoch handed out (a failed try's too)
+        self.why = ""  # why the last re-plan failed: the ring answers nothing until one succeeds
 
     def host_offer(self) -> int:
         """What the host offers, the embedding, head and drafter included (the plan takes them off)."""
@@ -71,40 +73,57 @@ class Planner:
             Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
                   m.quant if m.quant in QUANT_BYTES else "none") for m in live]
 
+    def problem(self) -> str:
+        """Why the ring cannot answer now, or '' when it can: its spans must hold every layer exactly once, in pass
+        order, each member ready under the current plan. Checked before every pass, so an answer is never computed
+        by part of the model."""
+        if self.shard is None:
+            return self.why or "the host holds no layers yet"
+        spans = [self.shard.span] + [m.span for m in self.ring]
+        if not covers(spans, self.target.size.n_layers):
+            return self.why or "the ring's layers " + ", ".join(map(str, spans)) + " do not cover the model"
+        for m in self.ring:
+            if m.state != "ready" or m.epoch != self.epoch:
+                return self.why or f"member {m.id} ({m.name}) is {m.state}" + (f": {m.error}" if m.error else "")
+        return ""
+
     def healthy(self) -> bool:
-        return all(m.state == "ready" for m in self.ring)
+        return not self.problem()
 
     async def replan(self, host_port: int, *, unless_past: int | None = None) -> None:
-        """Split the layers over the host and every live member, load, and wire the ring; a member that runs out
-        of memory or is gone while taking its span (a failed download ends a joiner) is left out and the rest
-        planned again. `unless_past`: a failed pass's epoch; nothing to do if another conversation's recovery has
-        re-formed the ring since."""
+        """Split the layers over the host and every live member, load, and wire the ring. A member that cannot
+        take its span (a failed download or load, out of memory, gone) is left out and the rest planned again, so
+        the host takes back its layers where it can; where the rest cannot hold the model, FitError, and passes
+        are refused (problem()) until a plan succeeds. `unless_past`: a failed pass's epoch; nothing to do if
+        another conversation's recovery has re-formed the ring since."""
         async with self.gate.alone():
             if unless_past is not None and self.epoch > unless_past and self.healthy():
                 return
-            self.left_out = []
-            while not await self._replan(host_port):
-                pass
+            try:
+                while not await self._replan(host_port):
+                    pass
+            except Exception as e:  # noqa: BLE001 - recorded for problem(), then raised as it was
+                self.why = str(e) or type(e).__name__
+                self.on_change()
+                raise
+            self.why, self.left_out = "", []
 
     def _leave_out(self, bad: list[Member]) -> None:
-        """Members that did not take their spans. Gone or out of memory: out of the next plan. One that failed
-        beside a lost one (its next hop, say) is planned in again, and fails the next plan alone if the fault was
-        its own. One that cannot serve as it is (another model, say): the user must fix it (RingError)."""
-        if not any(m.state == "lost" for m in bad) and not all(m.oom for m in bad):
-            for m in bad:
-                m.state = "failed"
-            raise RingError("; ".join(f"member {m.id}: {m.error or m.state}" for m in bad))
+        """Members that did not take their spans are out of the next plan, except one that failed beside a lost
+        one (its next hop, say): that is planned in again, and fails the next plan alone if the fault was its own."""
+        beside_lost = any(m.state == "lost" for m in bad)
         for m in bad:
-            if m.state == "lost" or m.oom:
-                if m.state != "lost":
-                    m.state = "failed"
-                self.left_out.append(m.error if m.oom else f"member {m.id} ({m.name}): {m.error}")
-                log.warning("member %d (%s) left out of the ring: %s", m.id, m.name, m.error)
-            else:
+            if beside_lost and m.state != "lost" and not m.oom and not m.leaving:
                 m.state, m.error = "joining", ""
+                continue
+            if m.state != "lost":
+                m.state = "failed"
+            self.left_out.append(m.error if m.oom else f"member {m.id} ({m.name}): {m.error or m.state}")
+            log.warning("member %d (%s) left out of the ring: %s", m.id, m.name, m.error or m.state)
 
     async def _replan(self, host_port: int) -> bool:
-        """One plan; False if members ran out of memory or were lost taking their spans (out of the next)."""
+        """One plan; False if members could not take their spans (out of the next). The host loads its own span
+        last, once every member is ready: a plan that fails on the way leaves the host's layers as they were."""
         t = self.target
         live = self.roster.live()
         # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
@@ -115,16 +134,11 @@ class Planner:
                 raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}") from None
             raise
         await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
-        epoch = self.epoch + 1
+        self.planned = epoch = max(self.planned, self.epoch) + 1  # a new number each try: no late "ready" counts
         ring = [m for m, s in zip(live, spans[1:]) if s.size]
         for m, s in zip(live, spans[1:]):
             m.assign(s, epoch)
         self.on_change()
-        if self.shard is None or self.shard.span != spans[0]:
-            self.shard = None  # free the old span before loading the new one
-            self.shard = await trio.to_thread.run_sync(
-                lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
-                              device=t.device, graphs=t.graphs))
         for i, m in enumerate(ring):
             nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"
             pin = ring[i + 1].tls_fingerprint if i + 1 < len(ring) else self.tls.fingerprint
@@ -145,6 +159,11 @@ class Planner:
         if bad:
             self._leave_out(bad)
             return False
+        if self.shard is None or self.shard.span != spans[0]:
+            self.shard = None  # free the old span before loading the new one
+            self.shard = await trio.to_thread.run_sync(
+                lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
+                              device=t.device, graphs=t.graphs))
         if self.first_hop is not None:
             await self.first_hop.aclose()
             self.first_hop = None
@@ -172,9 +191,9 @@ class Planner:
         d = self.download
         return {"file": d.file, "done": d.done + d.current, "total": d.total} if d.active else None
 
-    async def replan_logged(self, host_port: int) -> None:
+    async def replan_logged(self, host_port: int, unless_past: int | None = None) -> None:
         try:
-            await self.replan(host_port)
+            await self.replan(host_port, unless_past=unless_past)
         except RingError as e:
             log.error("re-plan failed: %s", e)
 

@@ -187,7 +187,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls", metavar="FINGERPRINT", help="the host's certificate fingerprint (from a --tls invite)")
     p.add_argument("--headless", action="store_true", help="a plain log instead of the peer screen")
     p.add_argument("--stay", action="store_true", help="when the host closes the ring, wait for it and join "
-                   "again (default: exit)")
+                   "again; when this machine cannot take its layers (the model cannot be fetched or loaded here, "
+                   "or does not fit), join again after --retry-s (default: exit, non-zero in that case)")
+    p.add_argument("--retry-s", type=float, default=30.0, help="with --stay: seconds before joining again after "
+                   "failing to take its layers (default: %(default)s)")
 
     p = command("relay", "forward members' connections between networks (optionally shaped)")
     from peers.relay import add_arguments as relay_arguments

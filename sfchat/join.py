@@ -1,11 +1,13 @@
 """`sfchat join`'s life: join, serve until the host closes the ring, then exit (0) or, with --stay, wait to
-join again when the host is back."""
+join again when the host is back. A member that cannot take its span (the model cannot be fetched or loaded here,
+or does not fit) exits non-zero with its line; with --stay it joins again after a while."""
 from __future__ import annotations
 
 import trio
 
 from peers import links
 from peers.channel import ChannelClosed
+from peers.errors import CannotServe
 from peers.peer import Peer
 
 from .options import JoinOptions
@@ -18,6 +20,12 @@ async def join_ring(opts: JoinOptions, say, on_change=None) -> str:
         try:
             await peer.run()
             gone = "the host closed the ring"
+        except CannotServe as e:
+            if not opts.stay:
+                raise
+            say(f"cannot serve: {e}; joining again in {opts.retry_s:.0f} s (--stay; Ctrl+C ends)")
+            await trio.sleep(opts.retry_s)
+            continue
         except (ChannelClosed, OSError) as e:
             if not (opts.stay and peer.st.state != "connecting"):
                 raise

@@ -62,6 +62,7 @@ class JoinOptions:
 
     peer: PeerOptions
     stay: bool = False
+    retry_s: float = 30.0  # with --stay: how long a member that cannot serve waits before it joins again
 
 
 def answer_options(args, s: Settings | None = None) -> AnswerOptions:
@@ -96,4 +97,4 @@ def join_options(args) -> JoinOptions:
     peer = PeerOptions(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
                        device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb,
                        name=args.name, relay=args.relay, tls_pin=args.tls, graphs=not args.no_graphs)
-    return JoinOptions(peer, stay=args.stay)
+    return JoinOptions(peer, stay=args.stay, retry_s=args.retry_s)

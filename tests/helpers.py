@@ -70,13 +70,13 @@ async def running_ring(model, n_peers: int, *, extra: list[str] | None = None, *
             try:
                 if n_peers:
                     try:
-                        async with trio.open_nursery() as setup:  # a peer that dies on the way fails at once
+                        async with trio.open_nursery() as setup:  # a peer that dies joining fails at once
                             setup.start_soon(fail_if_a_peer_exits, lp)
                             await host.wait_members(n_peers, timeout=120)
-                            await host.replan()
                             setup.cancel_scope.cancel()
                     except BaseExceptionGroup as group:  # the one error, as the ring raised it
                         raise group.exceptions[0] if len(group.exceptions) == 1 else group from None
+                    await host.replan()  # (one that cannot take its layers leaves: the plan says why)
                 yield host, lp
             except BaseException:
                 print(lp.tails(), file=sys.stderr)  # what the peers said, shown with the failure

@@ -5,7 +5,7 @@ import sys
 import pytest
 import trio
 
-from helpers import ROOT, ask_json, greedy_reply, quiet_host, running_ring
+from helpers import ROOT, ask_json, greedy_reply, quiet_host, reference_ids, running_ring
 from sfchat.local import LocalPeers
 
 
@@ -91,28 +91,33 @@ def test_sampling_with_a_seed_is_reproducible(tiny_llama):
 
 
 def test_a_member_with_other_weights_is_refused(tiny_llama, tmp_path):
-    """Same config, other tensors: refused with a clear message before it serves, never garbage text."""
+    """Same config, other tensors: refused with a clear message before it serves, never garbage text. The joiner
+    leaves with that line and a non-zero exit; the host takes its layers back and answers exactly."""
     from tiny import make_model
-    from peers.host import RingError
     other = make_model(tmp_path / "other", "llama", layers=4, seed=99)
+    prompt = "hello world"
 
     async def main():
         host = quiet_host(tiny_llama)
         async with trio.open_nursery() as nursery:
             await nursery.start(host.serve)
-            with LocalPeers(1, host.address, host.token, model=str(other)):
+            with LocalPeers(1, host.address, host.token, model=str(other)) as lp:
                 await host.wait_members(1, timeout=120)
-                try:
-                    await host.replan()
-                except RingError as e:
-                    return str(e), host.members[0].state
-                finally:
-                    nursery.cancel_scope.cancel()
-        return None, None
+                await host.replan()
+                with trio.fail_after(30):
+                    while lp.procs[0].poll() is None:
+                        await trio.sleep(0.05)
+                exit_code, last = lp.procs[0].returncode, lp.log_paths[0].read_text().strip().splitlines()[-1]
+                spans = [host.shard.span] + [m.span for m in host.ring]
+                ids = await greedy_reply(host, prompt, 8)
+                nursery.cancel_scope.cancel()
+        return host.members[0], exit_code, last, spans, ids
 
-    err, state = trio.run(main)
-    assert err is not None and "not the host's" in err and "--model" in err
-    assert state == "failed"
+    member, exit_code, last, spans, ids = trio.run(main)
+    assert member.state in ("failed", "lost") and "not the host's" in member.error and "--model" in member.error
+    assert exit_code != 0 and "not the host's" in last and "--model" in last
+    assert [(s.start, s.end) for s in spans] == [(0, 4)]
+    assert ids == reference_ids(tiny_llama, prompt, 8)
 
 
 def test_tokens_never_look_like_options():

@@ -70,6 +70,7 @@ class ChatScreen(Screen):
         self.live: int | None = None  # the answer being shown (None once the chat it belonged to is gone)
         self.current: ChatMessage | None = None
         self.recovering = False  # the status line says the ring broke, until a round goes through again
+        self.ring_problem = ""  # why the ring cannot answer now (the host's row), shown on the status line
         self.last_answer = next((m["content"] for m in reversed(conv.messages) if m["role"] == "assistant"), "")
 
     @property
@@ -285,6 +286,10 @@ class ChatScreen(Screen):
 
     def on_ring_changed(self, msg: RingChanged) -> None:
         self.query_one(RingPanel).show(msg.members, msg.invite, msg.serving)
+        problem = msg.members[0].get("error", "") if msg.members else ""
+        if problem != self.ring_problem and self.ready and not self.answering:  # why prompts are refused, or not
+            self.set_status(f"the ring cannot answer: {problem}" if problem else "ready", error=bool(problem))
+        self.ring_problem = problem
 
     def on_answer_delta(self, msg: AnswerDelta) -> None:
         if msg.n == self.live:
