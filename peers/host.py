@@ -14,6 +14,7 @@ import torch
 import trio
 
 from . import checkpoint, device, links, models, tensors, validate, wire
+from .batcher import Batcher, Round
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr, peername
 from .errors import FitError, RingError
@@ -65,6 +66,7 @@ class Host:
         self.compute = trio.CapacityLimiter(1)
         self.threads = torch.get_num_threads()  # for the shard's compute, whatever a draft's thread has set
         self.auto_replan = False  # `sfchat host`: re-plan as members join
+        self.batcher = Batcher(self._run_batch)  # conversations' rounds go round together
 
     # the two planes the pass reads: who is in the ring, and the current plan
     members = property(lambda self: self.roster.members)
@@ -117,6 +119,7 @@ class Host:
             except FitError as e:  # members may yet join; a host that stays alone is told at its next plan
                 log.info("the host alone cannot hold the model: %s", e)
             nursery.start_soon(self.roster.heartbeat)
+            nursery.start_soon(self.batcher.run)
             task_status.started(self.port)
 
     @property
@@ -179,11 +182,110 @@ class Host:
         The frame carries `committed`, the positions every stage keeps; each stage first trims its cache to it
         (the rollback rule), so a failed or repeated pass is harmless. `parents`: the drafts form a tree
         (peers/tree.py), not a chain. Returns (logits [K+1, vocab], timing)."""
+        if self._one_frame(s, tokens, drafts):  # a round: it goes round with the other conversations' rounds
+            return await self.batcher.submit(Round(s, tokens, drafts, parents, sent))
         async with self.planner.gate.share():  # other conversations' passes may be in flight too; no re-plan
-            if why := self.planner.problem():  # never an answer from part of the model
-                s.lost()
-                raise RingError(f"the ring cannot answer: {why}")
+            self._check(s)
             return await self._forward(s, tokens, drafts, sent, parents)
+
+    def _check(self, s: RingSession) -> None:
+        if why := self.planner.problem():  # never an answer from part of the model
+            s.lost()
+            raise RingError(f"the ring cannot answer: {why}")
+
+    def _one_frame(self, s: RingSession, tokens: list[int], drafts: list[int]) -> bool:
+        n = len(tokens) - self.committed(s) + len(drafts)
+        return len(pass_chunks(n, self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize,
+                               wire.MAX_FRAME, tail=len(drafts) + 1)) == 1
+
+    async def _run_batch(self, rounds: list[Round]) -> None:
+        """(the batcher) One pass for these rounds: alone, a round takes the ordinary path; together, one frame
+        carries them all (peers/batcher.py). Sets each round's result or error."""
+        async with self.planner.gate.share():
+            together = []
+            for r in rounds:
+                try:
+                    self._check(r.s)
+                except RingError as e:
+                    r.error = e
+                    continue
+                if len(rounds) == 1 or not self._one_frame(r.s, r.tokens, r.drafts):  # (a replay after a re-plan)
+                    try:
+                        r.result = await self._forward(r.s, r.tokens, r.drafts, r.sent, r.parents)
+                    except RingError as e:
+                        r.error = e
+                else:
+                    together.append(r)
+            if together:
+                await self._together(together)
+
+    async def _together(self, rounds: list[Round]) -> None:
+        t0 = time.perf_counter()
+        items = []
+        for r in rounds:
+            committed = self.committed(r.s)
+            if committed == 0:
+                r.s.restart(self.epoch, self.shard.new_session())
+            items.append((r, committed, r.tokens[committed:] + r.drafts))
+        passes = [(r.s.cache, c, torch.tensor([ids], dtype=torch.long), r.parents) for r, c, ids in items]
+        hs, packed = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage_many, passes,
+                                                   bool(self.ring), limiter=self.compute)
+        host_ms, trace, failed = (time.perf_counter() - t0) * 1e3, [], {}
+        if self.ring:
+            segments = [{"sid": r.s.sid, "committed": c, "n": len(ids), "n_logits": len(r.drafts) + 1,
+                         **({"parents": r.parents} if r.parents is not None else {})} for r, c, ids in items]
+            try:
+                reply = await self._round_trip({"t": "fwd", "epoch": self.epoch, "sid": "", "committed": 0,
+                                                "n_logits": 1, "batch": segments, "x": packed, "trace": []},
+                                               sum(len(ids) for _, _, ids in items), [r.sent for r in rounds])
+                h = validate.forward_frame(reply, self.config.hidden_size)
+                back = validate.segments(reply, h.shape[1])
+            except (RingError, wire.WireError) as e:
+                for r in rounds:
+                    r.s.lost()
+                    r.error = e if isinstance(e, RingError) else RingError(f"the last member returned a bad frame: {e}")
+                return
+            failed, trace, at = dict(reply.get("failed") or {}), reply["trace"], {}
+            for seg, (a, b) in zip(back, validate.bounds(back)):
+                at[seg["sid"]] = h[:, a:b]
+            hs = [at.get(r.s.sid) for r in rounds]
+        t1 = time.perf_counter()
+        done = [(r, c, ids, h) for (r, c, ids), h in zip(items, hs) if h is not None]
+        outs = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish_many,
+                                             [(h[0], len(r.drafts) + 1) for r, _, _, h in done], limiter=self.compute)
+        head_ms, total_ms = (time.perf_counter() - t1) * 1e3, (time.perf_counter() - t0) * 1e3
+        peers_ms = sum(ms for _, ms in trace)
+        timing = {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms, "batch": len(rounds),
+                  "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
+        for (r, c, ids, _), (feats, logits) in zip(done, outs):
+            r.s.passed(c, len(ids))
+            r.s.features = (c, ids, feats)
+            r.result = (logits, timing)
+        for r, _, _ in items:
+            if r.result is None:
+                r.s.lost()
+                r.error = RingError(str(failed.get(r.s.sid) or "a member left this conversation out of the pass"))
+
+    async def _round_trip(self, frame: dict, n_positions: int, sent: list) -> dict:
+        """Send a pass to the first member and wait for the last one's reply (RingError if the ring fails it)."""
+        seq = frame["seq"] = next(self.seq)
+        send, recv = trio.open_memory_channel(1)
+        self.waiting[(frame["sid"], seq)] = send
+        try:
+            await self.first_hop.send(frame)
+            for event in sent:
+                if event is not None:
+                    event.set()  # the host's part is done: the round is on the wire
+            reply = await self._await_reply(recv, self.pass_timeout(n_positions))
+        except (ChannelClosed, trio.TooSlowError) as e:
+            raise RingError(f"the ring did not answer: {e}") from None
+        finally:
+            del self.waiting[(frame["sid"], seq)]
+        if reply["t"] == "fail":
+            if reply.get("oom"):
+                self.roster.out_of_memory(reply.get("member"), str(reply.get("error")))
+            raise RingError(str(reply.get("error")))
+        return reply
 
     async def _forward(self, s: RingSession, tokens: list[int], drafts: list[int],
                        sent: trio.Event | None, parents: list[int] | None) -> tuple[torch.Tensor, dict]:
@@ -229,26 +331,14 @@ class Host:
         host_ms = (time.perf_counter() - t0) * 1e3
         if not self.ring:
             return h, host_ms, []
-        seq = next(self.seq)
-        send, recv = trio.open_memory_channel(1)
-        self.waiting[(s.sid, seq)] = send
         try:
-            await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
-                                       "committed": committed, "n_logits": n_logits, "x": packed, "trace": [],
-                                       **({"parents": parents} if parents is not None else {})})
-            if sent is not None:
-                sent.set()  # the host's part is done: the round is on the wire
-            reply = await self._await_reply(recv, self.pass_timeout(len(ids)))
-        except (ChannelClosed, trio.TooSlowError) as e:
+            reply = await self._round_trip({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "committed": committed,
+                                            "n_logits": n_logits, "x": packed, "trace": [],
+                                            **({"parents": parents} if parents is not None else {})},
+                                           len(ids), [sent])
+        except RingError:
             s.lost()
-            raise RingError(f"the ring did not answer: {e}") from None
-        finally:
-            del self.waiting[(s.sid, seq)]
-        if reply["t"] == "fail":
-            s.lost()
-            if reply.get("oom"):
-                self.roster.out_of_memory(reply.get("member"), str(reply.get("error")))
-            raise RingError(str(reply.get("error")))
+            raise
         try:
             h = validate.forward_frame(reply, self.config.hidden_size)
         except wire.WireError as e:
@@ -261,6 +351,18 @@ class Host:
         h = self.shard.forward(cache, committed, x, parents)
         device.finish(self.device)
         return h, (tensors.pack_tensor(h) if pack else None)
+
+    def _first_stage_many(self, passes: list, pack: bool):
+        """(worker thread) The host's layers over several conversations' passes at once (Shard.forward_many)."""
+        hs = self.shard.forward_many(passes)
+        device.finish(self.device)
+        return hs, (tensors.pack_tensor(torch.cat(hs, dim=1)) if pack else None)
+
+    def _finish_many(self, passes: list) -> list:
+        """(worker thread) Features and logits of each conversation's pass, the head run once over all of them."""
+        outs = self.shard.finish_many(passes) if passes else []
+        device.finish(self.device)
+        return outs
 
     def _finish(self, h: torch.Tensor, n_logits: int):
         """(worker thread) Features and logits, finished on the device before the pass's time is taken."""
@@ -283,6 +385,7 @@ class Host:
         return 60.0 + n_tokens * 0.5
 
     async def drop(self, s: RingSession) -> None:
+        self.batcher.forget(s.sid)
         await self.roster.tell(self.ring, {"t": "drop", "sid": s.sid})
 
     async def close(self) -> None:

@@ -11,6 +11,7 @@ from functools import partial
 import time
 from dataclasses import dataclass, field
 
+import torch
 import trio
 
 from . import device, hub, links, models, tensors, validate, wire
@@ -263,45 +264,64 @@ class Peer:
             await ch.aclose()
 
     async def _forward(self, msg: dict) -> None:
+        """One pass: of one conversation, or of several ("batch", each with its own session and rollback). A
+        conversation this member cannot continue (it lacks the positions the frame says are committed) is left
+        out and named in "failed"; the others go on."""
         shard = self.shard
         if shard is None:
             return await self._fail(msg, f"{self.name} holds no layers yet")
         x = validate.forward_frame(msg, shard.hidden_size)  # schema first: a bad frame closes the link
+        many = "batch" in msg
+        segs = validate.segments(msg, x.shape[1]) if many else [
+            {"sid": msg["sid"], "committed": msg["committed"], "n": x.shape[1],
+             **({"parents": msg["parents"]} if "parents" in msg else {})}]
         if msg["epoch"] != self.epoch:  # a frame of an older plan: the host will replay
             return await self._fail(msg, f"{self.name} is not on plan {msg['epoch']} but {self.epoch}")
-        sid = msg["sid"]
-        if sid in self.dropped:
-            return
-        s = self.sessions.get(sid)
-        if s is None:
-            s = self.sessions[sid] = shard.new_session()
+        passes, kept, failed = [], [], dict(msg.get("failed") or {})
+        for seg, (a, b) in zip(segs, validate.bounds(segs)):
+            sid = seg["sid"]
+            if sid in self.dropped:  # ended: its caches stay gone
+                continue
+            s = self.sessions.get(sid) or self.sessions.setdefault(sid, shard.new_session())
+            if seg["committed"] > s.length:  # it lost its caches here (a new plan, say): the host will replay
+                self.sessions.pop(sid, None)
+                failed[sid] = (f"{self.name}: frame says {seg['committed']} positions are committed but this peer "
+                               f"holds {s.length}")
+                continue
+            passes.append((s, seg["committed"], x[:, a:b], seg.get("parents")))
+            kept.append(seg)
+        if not passes:
+            return await self._fail(msg, "; ".join(failed.values())) if failed else None
         try:
-            msg["x"], ms = await trio.to_thread.run_sync(self._compute, shard, s, msg["committed"], x,
-                                                         msg.get("parents"), limiter=self.compute)
-        except ValueError as e:  # e.g. committed beyond what we hold: the host will replay
-            self.sessions.pop(sid, None)
+            msg["x"], ms = await trio.to_thread.run_sync(self._compute, shard, passes, limiter=self.compute)
+        except ValueError as e:
+            for seg in kept:
+                self.sessions.pop(seg["sid"], None)
             return await self._fail(msg, f"{self.name}: {e}")
         except RuntimeError as e:  # out of memory (torch.OutOfMemoryError is one): named, and the host re-plans
             if not is_oom(e):
                 raise
-            self.sessions.pop(sid, None)
+            for seg in kept:
+                self.sessions.pop(seg["sid"], None)
             return await self._fail(msg, oom_line(f"member {self.member_id} ({self.name})", self.device,
                                                   f"in a pass of {x.shape[1]} positions"), oom=True)
+        if many:
+            msg["batch"], msg["failed"] = kept, failed
         msg["trace"].append([self.name, round(ms, 3)])
         await self._send_next(msg)
         self._gc_sessions()
         self._changed(frames=self.st.frames + 1, sessions=len(self.sessions),
                       compute_ms=(self.st.compute_ms + [ms])[-120:])
 
-    def _compute(self, shard: Shard, s, committed: int, x, parents) -> tuple[dict, float]:
-        """(worker thread) This span's layers, finished on the device before they are timed, and packed for the
-        wire here: the copy to the CPU waits for the device, and trio's thread must not."""
+    def _compute(self, shard: Shard, passes: list) -> tuple[dict, float]:
+        """(worker thread) This span's layers over the frame's passes, finished on the device before they are
+        timed, and packed for the wire here: the copy to the CPU waits for the device, and trio's thread must not."""
         t0 = time.perf_counter()
         injected_failure(self.name, "pass", self.device)
-        h = shard.forward(s, committed, x, parents)
+        hs = shard.forward_many(passes)
         device.finish(shard.device)
         ms = (time.perf_counter() - t0) * 1e3
-        return tensors.pack_tensor(h), ms
+        return tensors.pack_tensor(torch.cat(hs, dim=1) if len(hs) > 1 else hs[0]), ms
 
     async def _fail(self, msg: dict, error: str, oom: bool = False) -> None:
         log.warning("%s", error)

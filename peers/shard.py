@@ -274,6 +274,16 @@ class Shard:
         feats = self.norm(h.to(self.device, self.dtype))
         return feats, self.family.logits(self.config, self.lm_head(feats[..., -n_logits:, :])).float()
 
+    @torch.inference_mode()
+    def finish_many(self, passes: list[tuple[torch.Tensor, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """finish for several conversations' hidden states [T_i, H] at once: the norm and the LM head (the largest
+        matrix of all) run once over the positions of all of them."""
+        feats = self.norm(torch.cat([h for h, _ in passes]).to(self.device, self.dtype))
+        parts = torch.split(feats, [h.shape[0] for h, _ in passes])
+        last = torch.cat([p[-n:] for p, (_, n) in zip(parts, passes)])
+        logits = self.family.logits(self.config, self.lm_head(last)).float()
+        return list(zip(parts, torch.split(logits, [n for _, n in passes])))
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.finish(h, h.shape[-2])[1]
 

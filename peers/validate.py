@@ -40,6 +40,45 @@ def forward_frame(msg: dict, hidden_size: int) -> torch.Tensor:
     return x
 
 
+MAX_SEGMENTS = 64
+
+
+def segments(msg: dict, n_positions: int) -> list[dict]:
+    """The conversations a 'fwd' frame of several carries ("batch"), in the order of their positions; the frame's
+    own committed, n_logits and parents are unused. Each: sid, committed, n positions, n_logits, parents (a tree)."""
+    segs = msg.get("batch")
+    if not isinstance(segs, list) or not 0 < len(segs) <= MAX_SEGMENTS:
+        raise wire.WireError(f"fwd: 'batch' must list 1 to {MAX_SEGMENTS} conversations")
+    for seg in segs:
+        if not isinstance(seg, dict):
+            raise wire.WireError("fwd: each of 'batch' must be a map")
+        seg["t"] = "fwd"  # (for need's messages)
+        need(seg, "sid", str)
+        need(seg, "committed", int, 0)
+        need(seg, "n", int, 1)
+        need(seg, "n_logits", int, 1)
+        del seg["t"]
+        if seg["n_logits"] > seg["n"]:
+            raise wire.WireError("fwd: more drafts than positions")
+        if "parents" in seg:
+            try:
+                tree.check_parents(seg["parents"], seg["n_logits"] - 1)
+            except ValueError as e:
+                raise wire.WireError(f"fwd: {e}") from None
+    if sum(seg["n"] for seg in segs) != n_positions or len({seg["sid"] for seg in segs}) != len(segs):
+        raise wire.WireError("fwd: the batch's positions do not add up to the frame's")
+    return segs
+
+
+def bounds(segs: list[dict]) -> list[tuple[int, int]]:
+    """Each segment's [start, end) among the frame's positions."""
+    out, at = [], 0
+    for seg in segs:
+        out.append((at, at + seg["n"]))
+        at += seg["n"]
+    return out
+
+
 def progress(msg: dict) -> dict | None:
     """A member's 'progress' message: the file it fetches and the bytes done of all it needs; None once done."""
     if not msg.get("active"):
