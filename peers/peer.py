@@ -17,6 +17,7 @@ from . import device, hub, links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
 from .control import ControlLink
+from .errors import ModelError
 from .memory import default_device, free_bytes, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes, usage
 from .options import PeerOptions
 from .plan import Span
@@ -122,7 +123,7 @@ class Peer:
                 await ctl.send({"t": "ready", "epoch": self.epoch, **self._memory()})
             except Exception as e:
                 oom = is_oom(e)
-                if not oom and not isinstance(e, (models.ModelError, wire.WireError, AuthError, OSError,
+                if not oom and not isinstance(e, (ModelError, wire.WireError, AuthError, OSError,
                                                   ChannelClosed, ValueError)):
                     raise
                 if oom:
@@ -165,7 +166,7 @@ class Peer:
         else:
             theirs = msg.get("config_fingerprint")
         if mine != theirs:
-            raise models.ModelError(f"this peer's model ({spec}) is not the host's: its weights for layers {span} "
+            raise ModelError(f"this peer's model ({spec}) is not the host's: its weights for layers {span} "
                                     f"differ ({mine[:12]} here, {str(theirs)[:12]} at the host); pass the same --model")
         if self.shard is None or self.shard.span != span or self.shard_dir != model_dir:
             await self._fetch(source, span, ctl)  # what this span lacks; the old span serves until it is here
