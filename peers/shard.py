@@ -17,7 +17,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from . import architectures, tree
 from .checkpoint import weight_files
 from .memory import release_freed
-from .models import ModelError
+from .errors import ModelError
 from .plan import Span
 from .tensors import DTYPES
 

@@ -16,13 +16,14 @@ import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import trio
+
+from .shaped_relay import shaped_relay
 
 DEFAULT_PROMPTS = [
     "Explain quantum entanglement in simple terms.",
@@ -216,27 +217,6 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
 
 
 # --- the ring -----------------------------------------------------------------------------------------------
-
-@asynccontextmanager
-async def shaped_relay(delay_ms: float):
-    """An `sfchat relay` process adding delay_ms one way on every link; yields its HOST:PORT (None if no delay)."""
-    if delay_ms <= 0:
-        yield None
-        return
-    from .local import child_env, stop
-
-    proc = subprocess.Popen([sys.executable, "-m", "sfchat", "relay", "--listen", "127.0.0.1:0", "--delay-ms",
-                             f"{delay_ms:.4f}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, text=True, env=child_env())
-    try:
-        with trio.fail_after(60):
-            line = await trio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
-        if not line.startswith("relay listening on "):
-            raise RuntimeError(f"the relay did not start: {line!r}")
-        yield line.split()[3]
-    finally:
-        stop([proc])
-
 
 async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], advance) -> list[Row]:
     from peers.adaptive import KPolicy

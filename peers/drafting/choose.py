@@ -4,8 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import models
-from . import feature, feature_net
 from .base import Drafter
+from .feature import load as load_feature_draft
+from .feature_net import is_distilled
 from .model import ModelDrafter, check_same_tokenizer
 from .ngram import NgramDrafter
 from .shipped import shipped_draft
@@ -17,15 +18,15 @@ def make_drafter(spec: str | None, target_dir: Path, target_vocab: int, tokenize
     if spec in (None, "", "auto"):
         # the draft distilled for the embedded default and shipped with the package, if there is one
         if (shipped := shipped_draft(target_dir)) is not None:
-            return feature.load(shipped, target_dir, tokenizer, target_vocab, device=device,
-                                name=f"{models.DEFAULT_MODEL}-draft")
+            return load_feature_draft(shipped, target_dir, tokenizer, target_vocab, device=device,
+                                      name=f"{models.DEFAULT_MODEL}-draft")
         spec = "ngram"
     if spec == "none":
         return Drafter()
     if spec == "ngram":
         return NgramDrafter()
     draft_dir = models.resolve(spec, say=say)
-    if feature_net.is_distilled(draft_dir):  # made by `sfchat distill` for one target, whose tensors it shares
-        return feature.load(draft_dir, target_dir, tokenizer, target_vocab, device=device, name=spec)
+    if is_distilled(draft_dir):  # made by `sfchat distill` for one target, whose tensors it shares
+        return load_feature_draft(draft_dir, target_dir, tokenizer, target_vocab, device=device, name=spec)
     check_same_tokenizer(tokenizer, draft_dir)
     return ModelDrafter(draft_dir, target_vocab, device=device, name=spec)

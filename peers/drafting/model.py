@@ -121,7 +121,7 @@ class ModelDrafter(Drafter):
 def check_same_tokenizer(target_tok, draft_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from ..models import ModelError
+    from ..errors import ModelError
 
     draft_tok = AutoTokenizer.from_pretrained(draft_dir)
     probe = "Hello, world! 1234 def f(x): return x**2 — ünïcödé 你好"
