@@ -15,7 +15,7 @@ from .ngram import NgramDrafter
 from .shipped import shipped_draft
 from .siblings import sibling_draft
 
-SIMULATED = "simulated:"  # bench only (sfchat/simulated.py)
+SIMULATED = "simulated:"  # bench only (simulated.py)
 
 
 def make_drafter(spec: str | None, target_dir: Path, target_vocab: int, tokenizer, device: str = "cpu",
