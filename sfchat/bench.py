@@ -458,17 +458,17 @@ CEILING_NOTE = ("ceiling: tok/round / (RTT + compute ms/round), what the mode wo
                 "only its round-trip time")
 
 
-def mode_cell(r: dict) -> str:
+def mode_cell(r: dict, sep: str = "\n") -> str:
     """A row's mode, what drafted, and why it failed if it did."""
-    text = r["mode"] + (f" ({r['draft']})" if r.get("draft") else "")
-    return f"{text}: failed: {r['error']}" if "error" in r else text
+    text = r["mode"] + (f"{sep}({r['draft']})" if r.get("draft") else "")
+    return f"{text}{sep}failed: {r['error']}" if "error" in r else text
 
 
 def row_line(r: dict) -> str:
     """A row as one line of progress, as it ends."""
     if "error" in r:
-        return f"bench: {mode_cell(r)} (at {r['rtt_ms']:g} ms)"
-    return (f"bench: {mode_cell(r)} at {r['rtt_ms']:g} ms: {r['tokens_per_second']:.2f} tok/s, "
+        return f"bench: {mode_cell(r, ' ')} (at {r['rtt_ms']:g} ms)"
+    return (f"bench: {mode_cell(r, ' ')} at {r['rtt_ms']:g} ms: {r['tokens_per_second']:.2f} tok/s, "
             f"{r['tokens_per_round']:.2f} tok/round")
 
 
