@@ -26,8 +26,27 @@ def graph_thread() -> ThreadPoolExecutor:
     global _graph_thread
     with _graph_lock:
         if _graph_thread is None:
-            _graph_thread = ThreadPoolExecutor(1, thread_name_prefix="draft-graph")
+            _graph_thread = ThreadPoolExecutor(1, thread_name_prefix="draft-graph", initializer=_own_graph_state)
         return _graph_thread
+
+
+def _own_graph_state() -> None:
+    """On the graph thread, first: import CUDA-graph trees here, so that this thread owns their state. Where they
+    were imported on another thread already (torch < 2.13 then sets their state up for that thread alone), set
+    it up for this one as the import does."""
+    if not torch.cuda.is_available():
+        return
+    from collections import defaultdict
+
+    from torch._inductor import cudagraph_trees as trees
+
+    if hasattr(trees, "_initialize_tls") or hasattr(trees.local, "tree_manager_containers") \
+            or torch._C._is_key_in_tls("tree_manager_containers"):
+        return  # torch 2.13+ sets each thread up itself, or this thread has it
+    trees.local.tree_manager_containers = {}
+    trees.local.tree_manager_locks = defaultdict(threading.Lock)
+    torch._C._stash_obj_in_tls("tree_manager_containers", trees.local.tree_manager_containers)
+    torch._C._stash_obj_in_tls("tree_manager_locks", trees.local.tree_manager_locks)
 
 
 class ModelDrafter(Drafter):
