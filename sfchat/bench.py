@@ -304,15 +304,14 @@ async def shaped_relay(delay_ms: float):
 
 
 async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], advance, done) -> None:
-    """The ring's modes at one RTT, each handed to `done` as it ends; a ring that does not come up fails them all."""
+    """The ring's rows at one RTT, each handed to `done` as it ends; a ring that does not come up fails them all."""
     from peers.options import HostOptions
 
     from .options import RingOptions
     from .runtime import open_ring
 
-    modes = [m for m in modes if m.startswith("ring")]
+    todo = ring_modes(args.draft, modes)
     links = args.local_peers + 1  # host -> member 1 -> … -> member N -> host
-    finished: list[str] = []
     try:
         async with shaped_relay(rtt_ms / links) as relay:
             opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
@@ -322,33 +321,49 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
                 if len(ring.host.ring) != args.local_peers:
                     print(f"warning: {len(ring.host.ring)} of {args.local_peers} peers hold layers; the emulated "
                           f"RTT is split over {links} links", file=sys.stderr)
-                for mode in modes:
-                    done(await ring_row(args, ring, mode, rtt_ms, prompts, advance))
-                    finished.append(mode)
+                while todo:
+                    done(await ring_row(args, ring, *todo[0], rtt_ms, prompts, advance))
+                    todo.pop(0)
     except Exception as e:  # noqa: BLE001 - the ring did not come up (or went down): its rows say why
-        for mode in modes:
-            if mode not in finished:
-                done(Row(mode, rtt_ms, error=one_line(e)))
+        for mode, _ in todo:
+            done(Row(mode, rtt_ms, error=one_line(e)))
 
 
-async def ring_drafter(args, ring, mode: str, prompts: list[str]):
-    """What `mode` drafts with: nothing (ring), --draft, or a simulated draft over the plain greedy answers."""
+def ring_modes(draft: str | None, modes: list[str]) -> list[tuple[str, str | None]]:
+    """(mode, what drafts) for each ring row: ring-spec once per simulated acceptance, else once."""
+    from peers.drafting.simulated import parse_simulated
+
+    out = []
+    for mode in [m for m in modes if m.startswith("ring")]:
+        if mode == "ring-spec" and (acceptances := parse_simulated(draft)):
+            out += [(mode, f"simulated:{a:g}") for a in acceptances]
+        else:
+            out.append((mode, draft if mode == "ring-spec" else "none"))
+    return out
+
+
+_references: dict[tuple, list[int]] = {}  # (model, prompt, max new tokens) -> the ring's greedy tokens
+
+
+async def ring_drafter(args, ring, spec: str | None, prompts: list[str]):
+    """What a row drafts with: nothing, --draft, or a simulated draft over the plain greedy answers (one plain
+    run per prompt, whatever the RTT: the answer is the same on every ring)."""
     from peers.drafting import Drafter
     from peers.drafting.simulated import SimulatedDrafter, parse_simulated
     from peers.sampling import SamplingParams
 
     from .runtime import new_drafter
 
-    if mode == "ring":
+    if spec == "none":
         return Drafter()
-    if (acceptance := parse_simulated(args.draft)) is None:
-        return await new_drafter(args.draft, ring)
-    references = []
+    if (acceptance := parse_simulated(spec)) is None:
+        return await new_drafter(spec, ring)
     for prompt in prompts:  # the target's own greedy continuation, from a plain run of the same prompt
-        tokens, _ = await ring_reply(ring, prompt, Drafter(), policy_for(args), args.max_new_tokens,
-                                     SamplingParams())
-        references.append(tokens)
-    return SimulatedDrafter(acceptance, ring.host.config.vocab_size, references)
+        if (key := (args.model, prompt, args.max_new_tokens)) not in _references:
+            _references[key], _ = await ring_reply(ring, prompt, Drafter(), policy_for(args), args.max_new_tokens,
+                                                   SamplingParams())
+    return SimulatedDrafter(acceptance[0], ring.host.config.vocab_size,
+                            [_references[(args.model, p, args.max_new_tokens)] for p in prompts])
 
 
 def policy_for(args):
@@ -368,13 +383,13 @@ async def ring_reply(ring, prompt: str, drafter, policy, max_new: int, params):
     return chat.tokens, result
 
 
-async def ring_row(args, ring, mode: str, rtt_ms: float, prompts: list[str], advance) -> Row:
-    """One ring mode: warmed up, then --runs runs of every prompt; a failure is the row's error."""
+async def ring_row(args, ring, mode: str, spec: str | None, rtt_ms: float, prompts: list[str], advance) -> Row:
+    """One ring row: warmed up, then --runs runs of every prompt; a failure is the row's error."""
     from peers.sampling import SamplingParams
 
     row, drafter = Row(mode, rtt_ms), None
     try:
-        drafter = await ring_drafter(args, ring, mode, prompts)
+        drafter = await ring_drafter(args, ring, spec, prompts)
         row.draft = drafter.name if mode == "ring-spec" else None
         policy = policy_for(args)
 
@@ -441,16 +456,17 @@ def machine_info() -> dict:
 
 def checks(rows: list[dict]) -> list[str]:
     """The ratios that matter, as measured: ring-spec over ring at each RTT, ring over transformers at 0 ms."""
-    at = {(r["mode"], r["rtt_ms"]): r for r in rows if "error" not in r}
+    ok = [r for r in rows if "error" not in r]
+    ring = {r["rtt_ms"]: r for r in ok if r["mode"] == "ring"}
+    plain = next((r for r in ok if r["mode"] == "transformers"), None)
     out = []
-    for (mode, rtt), r in sorted(at.items(), key=lambda kv: kv[0][1]):
-        if mode == "ring-spec" and ("ring", rtt) in at and rtt > 0:
-            base = at[("ring", rtt)]["tokens_per_second"]
-            out.append(f"at {rtt:g} ms: ring-spec ({r['draft']}) is {r['tokens_per_second'] / base:.2f}x ring, "
+    for r in sorted(ok, key=lambda r: r["rtt_ms"]):
+        if r["mode"] == "ring-spec" and r["rtt_ms"] in ring and r["rtt_ms"] > 0:
+            out.append(f"at {r['rtt_ms']:g} ms: ring-spec ({r['draft']}) is "
+                       f"{r['tokens_per_second'] / ring[r['rtt_ms']]['tokens_per_second']:.2f}x ring, "
                        f"{r['fraction_of_ceiling']:.0%} of its ceiling")
-        if mode == "ring" and rtt == 0 and ("transformers", 0.0) in at:
-            out.append(f"at 0 ms: ring is {r['tokens_per_second'] / at[('transformers', 0.0)]['tokens_per_second']:.2f}x "
-                       "transformers")
+        if r["mode"] == "ring" and r["rtt_ms"] == 0 and plain is not None:
+            out.append(f"at 0 ms: ring is {r['tokens_per_second'] / plain['tokens_per_second']:.2f}x transformers")
     return out
 
 
@@ -515,8 +531,8 @@ def draft_label(spec: str | None, model: str | None, model_dir) -> str:
     from peers.drafting.simulated import SimulatedDrafter, parse_simulated
     from peers.hub import parse
 
-    if (acceptance := parse_simulated(spec)) is not None:
-        return SimulatedDrafter(acceptance, 1).name
+    if (acceptances := parse_simulated(spec)) is not None:
+        return ", ".join(SimulatedDrafter(a, 1).name for a in acceptances)
     if spec in (None, "", "auto"):
         if shipped_draft(model_dir) is not None:
             return "shipped draft"

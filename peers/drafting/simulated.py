@@ -13,17 +13,20 @@ from .base import Drafter
 from .choose import SIMULATED
 
 
-def parse_simulated(spec: str | None) -> float | None:
-    """A of `simulated:A`, or None for any other spec; a bad A is a one-line ValueError."""
+def parse_simulated(spec: str | None) -> list[float] | None:
+    """The acceptances of `simulated:A[,A…]`, or None for any other spec; a bad A is a one-line ValueError."""
     if not spec or not spec.startswith(SIMULATED):
         return None
-    try:
-        a = float(spec[len(SIMULATED):])
-    except ValueError:
-        a = -1.0
-    if not 0.0 <= a <= 1.0:
-        raise ValueError(f"--draft {spec}: the simulated acceptance must be a number in 0..1")
-    return a
+    out = []
+    for text in spec[len(SIMULATED):].split(","):
+        try:
+            a = float(text)
+        except ValueError:
+            a = -1.0
+        if not 0.0 <= a <= 1.0:
+            raise ValueError(f"--draft {spec}: a simulated acceptance is a number in 0..1")
+        out.append(a)
+    return out
 
 
 class SimulatedDrafter(Drafter):
