@@ -1,5 +1,6 @@
 """On an NVIDIA GPU (scripts/gpu_check; skipped elsewhere): the ring is exact against transformers on the same
-GPU in float32 and bfloat16, and quantized spans are stored quantized on the device."""
+GPU in float32 and bfloat16, quantized spans are stored quantized on the device, and compiled drafts come and go
+proposing what the eager draft does."""
 import pytest
 import torch
 import trio
