@@ -66,3 +66,14 @@ def test_the_draft_runs_in_the_dtype_it_is_given(tiny_llama):
     d = make_drafter(str(tiny_llama), tiny_llama, 300, load_tokenizer(tiny_llama), dtype=torch.bfloat16)
     assert {p.dtype for p in d.model.parameters()} == {torch.bfloat16}
     assert d.bytes == sum(p.numel() * 2 for p in d.model.parameters())
+
+
+def test_a_draft_that_does_not_fit_beside_the_host_is_refused_in_one_line(tiny_llama):
+    import pytest
+
+    from peers.chat import load_tokenizer
+    from peers.drafting import make_drafter
+    from peers.models import ModelError
+
+    with pytest.raises(ModelError, match="needs 0.0 GB and the host has 0.0 GB free"):
+        make_drafter(str(tiny_llama), tiny_llama, 300, load_tokenizer(tiny_llama), room=1000)

@@ -45,7 +45,17 @@ def make_drafter(spec: str | None, target_dir: Path, target_vocab: int, tokenize
     if feature_net.is_distilled(draft_dir):  # made by `sfchat distill` for one target, whose tensors it shares
         return feature.load(draft_dir, target_dir, tokenizer, target_vocab, device=device, name=spec)
     check_same_tokenizer(tokenizer, draft_dir)
+    from ..checkpoint import tensor_shapes
+
+    check_room(spec, tensor_shapes(draft_dir), dtype, room)
     return ModelDrafter(draft_dir, target_vocab, device=device, dtype=dtype, name=spec)
+
+
+def check_room(name: str, shapes: dict[str, list[int]], dtype: torch.dtype, room: int | None) -> None:
+    """A draft's weights in `dtype` must fit in `room` bytes (what the host has free beside its own layers)."""
+    need = sum(math.prod(s) for s in shapes.values()) * dtype.itemsize
+    if room is not None and need > room:
+        raise ModelError(f"{name} needs {need / 2**30:.1f} GB and the host has {room / 2**30:.1f} GB free")
 
 
 def sibling_drafter(repo_id: str, target_vocab: int, tokenizer, device: str, say, dtype: torch.dtype,
@@ -53,9 +63,7 @@ def sibling_drafter(repo_id: str, target_vocab: int, tokenizer, device: str, say
     """The sibling draft, fetched like the target (Hugging Face cache, offline mode, progress); its weights must
     fit in `room` (what the host has free once its span is loaded) before any of them is fetched."""
     source = models.open_source(repo_id, say=say)
-    need = sum(math.prod(s) for s in source.tensor_shapes().values()) * dtype.itemsize
-    if room is not None and need > room:
-        raise ModelError(f"{repo_id} needs {need / 2**30:.1f} GB and the host has {room / 2**30:.1f} GB free")
+    check_room(repo_id, source.tensor_shapes(), dtype, room)
     draft_dir = source.fetch_all()
     check_same_tokenizer(tokenizer, draft_dir)
     return ModelDrafter(draft_dir, target_vocab, device=device, dtype=dtype, name=repo_id)
