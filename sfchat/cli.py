@@ -69,8 +69,12 @@ def in_range(low: float, high: float):
 
 
 def draft_word(text: str) -> str:
+    from peers.drafting.choose import SIMULATED
+
     from .tui.commands import DRAFT_WORDS
 
+    if text.startswith(SIMULATED):  # (bench's --draft takes it: it knows the answers it simulates)
+        raise argparse.ArgumentTypeError(f"{text} is for `sfchat bench` only")
     return DRAFT_WORDS.get(text, text)
 
 

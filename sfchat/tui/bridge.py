@@ -196,8 +196,10 @@ class Engine(Worker):
 
     async def _use_drafter(self, spec: str | None) -> None:
         if spec != self.draft_spec:
-            self.drafter = await new_drafter(spec, self.ring, say=self._say)
+            old, self.drafter = self.drafter, await new_drafter(spec, self.ring, say=self._say)
             self.draft_spec = spec
+            if old is not None:
+                await trio.to_thread.run_sync(old.close)  # its compiled graphs and their memory
 
     async def _check_draft(self, spec: str) -> None:
         try:
