@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
-from .models import ModelError
+from .errors import ModelError
 
 
 class Family:

@@ -13,7 +13,7 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -31,10 +31,41 @@ log = logging.getLogger("sfchat.generate")
 
 @dataclass
 class Ahead:
+    """What a look-ahead drafted during a pass, for a next round that starts from `context` (the tokens there if the
+    bet comes true)."""
+
     context: list[int]
     draft: Draft | None = None
     done: bool = False  # it finished before the reply came (a tree stopped half way is not used)
     ms: float = 0.0
+
+
+class LookAhead:
+    """The one look-ahead an answer carries from a round to the next. A round's pass bets that its whole main chain
+    is accepted and that the target's next token is the guess; the look-ahead is kept only if that came true, and
+    lost with a failed pass."""
+
+    def __init__(self):
+        self._ahead: Ahead | None = None
+
+    def bet(self, tokens: list[int], draft: Draft, wanted: bool) -> Ahead | None:
+        """The look-ahead to draft while this round's pass is on the wire (None: no bet, so none is left)."""
+        self._ahead = None
+        if wanted and draft.guess is not None:
+            self._ahead = Ahead(tokens + draft.tokens[:draft.chain] + [draft.guess])
+        return self._ahead
+
+    def settle(self, draft: Draft, path: list[int], nxt: int) -> None:
+        """Keep the look-ahead only if the target took the branch it bet on."""
+        if not (path == list(range(draft.chain)) and nxt == draft.guess):
+            self._ahead = None
+
+    def lose(self) -> None:
+        self._ahead = None
+
+    def for_context(self, tokens: list[int]) -> Ahead | None:
+        """The look-ahead made for exactly these tokens, if there is one."""
+        return self._ahead if self._ahead is not None and self._ahead.context == tokens else None
 
 
 @dataclass
@@ -72,7 +103,6 @@ async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: D
             if on_round is not None:
                 on_round({"event": "recovering", "error": str(failure)})
             await host.recover(epoch)
-            speculation.ahead = None
             continue
         retries = 0
         stats.add(r)
@@ -96,7 +126,7 @@ class Speculation:
     policy: KPolicy
     eos: set[int]
     overlap: bool
-    ahead: Ahead | None = None
+    look_ahead: LookAhead = field(default_factory=LookAhead)
 
     async def round(self, tokens: list[int], left: int) -> tuple[RoundStats, list[int], bool]:
         """One round: plan, draft, pass, verify, commit. Appends at most `left` tokens to `tokens` and returns the
@@ -116,8 +146,7 @@ class Speculation:
         path, nxt = self._verify(logits, draft, len(tokens))
         verify_ms = (time.perf_counter() - t1) * 1e3
         self._observe(draft, path)
-        if self.ahead is not None and not (path == list(range(draft.chain)) and nxt == draft.guess):
-            self.ahead = None  # the look-ahead drafted on a branch the target did not take
+        self.look_ahead.settle(draft, path, nxt)
         new, at_eos = self._commit(tokens, draft, path, nxt, left)
         drafts = draft.tokens
         r = RoundStats(k=len(drafts) if floor else k, drafted=len(drafts), accepted=len(path), committed=len(new),
@@ -138,25 +167,23 @@ class Speculation:
         return k, floor, d.trees and self.params.greedy and floor > 0 and k > 0
 
     async def _draft(self, tokens: list[int], k: int, floor: float, as_tree: bool) -> tuple[Draft, float]:
+        ahead = self.look_ahead.for_context(tokens)
         if as_tree:
-            return await _tree(self.drafter, tokens, self.ahead, floor, k)
+            return await _tree(self.drafter, tokens, ahead, floor, k)
         # one draft more than K, the guess at the target's bonus token, when a look-ahead can build on it (it
         # drafts while the round is on the wire: a ring with peers)
         want = k + 1 if self.overlap and self.host.ring and k > 0 else k
-        return await _chain(self.drafter, tokens, self.ahead, want, k, floor, self.params)
+        return await _chain(self.drafter, tokens, ahead, want, k, floor, self.params)
 
     async def _pass(self, tokens: list[int], draft: Draft, as_tree: bool, k: int,
                     floor: float) -> tuple[torch.Tensor, dict]:
         """The ring pass, with the next round's look-ahead drafting while it is on the wire."""
         stop, sent = threading.Event(), trio.Event()
-        # the look-ahead bets that the whole main chain is accepted and the target's next token is the guess
-        bet = self.overlap and self.host.ring and draft.guess is not None
-        self.ahead = Ahead(tokens + draft.tokens[:draft.chain] + [draft.guess]) if bet else None
+        ahead = self.look_ahead.bet(tokens, draft, self.overlap and bool(self.host.ring))
         failure = None
         async with trio.open_nursery() as nursery:
-            if self.ahead is not None:
-                nursery.start_soon(_look_ahead, self.drafter, self.ahead, as_tree, k + 1, floor, self.params, stop,
-                                   sent)
+            if ahead is not None:
+                nursery.start_soon(_look_ahead, self.drafter, ahead, as_tree, k + 1, floor, self.params, stop, sent)
             try:
                 result = await self.host.forward(self.rs, tokens, draft.tokens, sent=sent,
                                                        parents=draft.parents if as_tree else None)
@@ -166,6 +193,7 @@ class Speculation:
                 stop.set()
                 sent.set()  # a look-ahead still waiting for the wire wakes, sees stop, and returns
         if failure is not None:
+            self.look_ahead.lose()  # the round is tried again from the same tokens
             raise failure
         return result
 
@@ -207,7 +235,7 @@ async def _chain(drafter: Drafter, tokens: list[int], ahead: Ahead | None, want:
     """Up to k drafts in a row (what the look-ahead made, if its bet came true, then more if needed), and the
     guess after them; and the share of the look-ahead's time this round uses."""
     drafts, q, sure, hidden_ms = [], None, [], 0.0
-    if ahead is not None and ahead.context == tokens and ahead.draft is not None and ahead.draft.tokens:
+    if ahead is not None and ahead.draft is not None and ahead.draft.tokens:
         a = ahead.draft
         used = min(len(a.tokens), want)
         drafts, q = a.tokens[:used], (a.q[:used] if a.q is not None else None)
@@ -227,7 +255,7 @@ async def _chain(drafter: Drafter, tokens: list[int], ahead: Ahead | None, want:
 async def _tree(drafter: Drafter, tokens: list[int], ahead: Ahead | None, floor: float,
                 depth: int) -> tuple[Draft, float]:
     """A tree of drafts: the look-ahead's, if its bet came true and it finished, else a new one."""
-    if ahead is not None and ahead.context == tokens and ahead.done and ahead.draft.tokens:
+    if ahead is not None and ahead.done and ahead.draft.tokens:
         return ahead.draft, ahead.ms
     return await trio.to_thread.run_sync(drafter.propose_tree, tokens, floor, depth, MAX_NODES), 0.0
 

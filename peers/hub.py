@@ -20,7 +20,7 @@ from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTT
                                     OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError)
 from huggingface_hub.utils import tqdm as hub_tqdm
 
-from .models import ModelError
+from .errors import ModelError
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"

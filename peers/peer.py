@@ -17,8 +17,8 @@ import trio
 from . import device, hub, links, models, tensors, validate, wire
 from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
-from .errors import CannotServe
 from .control import ControlLink
+from .errors import CannotServe, ModelError
 from .memory import default_device, free_bytes, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes, usage
 from .options import PeerOptions
 from .plan import Span
@@ -170,7 +170,7 @@ class Peer:
                 self.shard = None  # what was loaded goes back before the numbers are read
                 raise CannotServe(oom_line(f"member {self.member_id} ({self.name})", self.device,
                                            f"loading layers {span}"), oom=True) from None
-            if isinstance(e, models.ModelError):
+            if isinstance(e, ModelError):
                 raise CannotServe(str(e)) from None
             log.exception("loading layers %s failed", span)
             raise CannotServe(f"cannot load layers {span} of {spec}: {type(e).__name__}: {e}") from None
@@ -197,7 +197,7 @@ class Peer:
         else:
             theirs = msg.get("config_fingerprint")
         if mine != theirs:
-            raise models.ModelError(f"this peer's model ({spec}) is not the host's: its weights for layers {span} "
+            raise ModelError(f"this peer's model ({spec}) is not the host's: its weights for layers {span} "
                                     f"differ ({mine[:12]} here, {str(theirs)[:12]} at the host); pass the same --model")
         if self.shard is None or self.shard.span != span or self.shard_dir != model_dir:
             await self._fetch(source, span, ctl)  # what this span lacks; the old span serves until it is here

@@ -15,7 +15,7 @@ import trio
 from . import hub, links, models
 from .auth import client_handshake
 from .channel import Channel, ChannelClosed
-from .errors import FitError, RingError
+from .errors import FitError, ModelError, RingError
 from .membership import Member, Roster
 from .pass_gate import PassGate
 from .memory import free_bytes
@@ -182,7 +182,7 @@ class Planner:
         try:
             await trio.to_thread.run_sync(lambda: self.target.source.fetch(
                 span.start, span.end, embed=True, head=True, progress=self.download, bars=self.bars))
-        except models.ModelError as e:
+        except ModelError as e:
             raise RingError(str(e)) from None
         finally:
             self.on_change()

@@ -18,7 +18,7 @@ from . import architectures, kv, packed
 from .graphs import Graphs, bucket
 from .checkpoint import weight_files
 from .memory import release_freed
-from .models import ModelError
+from .errors import ModelError
 from .plan import Span
 from .kv import SessionCache
 from .tensors import DTYPES

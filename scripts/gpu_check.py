@@ -1,14 +1,21 @@
-"""The body of scripts/gpu_check (run that: it checks for a GPU and a CUDA build of torch first).
+"""The body of scripts/gpu_check (run that: it checks for a GPU, and unpacks carried wheels first).
 
-Stages, each with what is left of an 8-minute budget: the tests marked `cuda`; a model of Qwen2.5-7B's shape with
-random weights (built on the GPU, nothing downloaded) through `sfchat bench` in bfloat16 and in NF4 with two local
-peers at 0 and 86 ms (transformers on the same GPU and dtype, ring, ring-spec with the target drafting itself),
-peak memory per member; the CUDA-graph draft against eager, on a model of SmolLM2-135M's shape. A stage that fails
-is recorded, and the rest run.
-Each stage prints a JSON line as it ends; the last line printed is one JSON object of them all.
+Stages, in order of what matters, each within what is left of an 8-minute budget (a stage cut short or failed is
+recorded, and the rest run):
+- cuda_tests: the tests marked `cuda` (the ring exact on the GPU, quantized spans, compiled drafts one after
+  another and a /draft switch against the eager draft);
+- a model of Qwen2.5-7B's shape with random weights (built on the GPU, nothing downloaded), through `sfchat bench`
+  with two local peers: in bfloat16, transformers, ring and ring-spec at simulated acceptances 0.6 and 0.8
+  (random weights have no real draft: a simulated one has a known acceptance) at 0, 86 and 175 ms; the ring at 0
+  and 86 ms without CUDA graphs, where bench has --no-graphs; the same in NF4 (transformers runs no NF4 here);
+- a model of SmolLM2-135M's shape in float32 drafting itself through the ring (acceptance >= 0.95: the
+  machinery is exact), and its CUDA-graph draft against eager.
+Every bench row carries each member's memory and peak, and its milliseconds per pass at T=1 and T=K+1.
+Each stage prints a JSON line as it ends; the last line printed is one JSON object of them all, with the checks.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -26,6 +33,9 @@ QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                     num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=1e5,
                     rms_norm_eps=1e-5, tie_word_embeddings=True)
+SIMULATED = "simulated:0.6,0.8"
+KEEP = ("mode", "rtt_ms", "draft", "error", "tokens_per_second", "tokens_per_round", "acceptance",
+        "compute_ms_per_round", "members", "pass_ms")
 
 
 def left(cap: float) -> float:
@@ -61,7 +71,7 @@ def stage(result: dict, name: str, fn) -> None:
 def cuda_tests(paths: list[str]) -> dict:
     # pytest-timeout's backstop prints every thread's stack where a test is stuck
     code, out, err = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
-                          "--timeout", "120", *paths], 240)
+                          "--timeout", "120", *paths], 150)
     lines = out.strip().splitlines()
     return {"ok": code == 0, "summary": lines[-1] if lines else err[-500:],
             **({"output": out[-6000:]} if code != 0 else {})}
@@ -89,55 +99,85 @@ def build_shape(path: Path, config_class: str, shape: dict) -> Path:
     return path
 
 
-def bench(model: Path, quant: str, prompts: Path, out: Path) -> list[dict]:
-    code, _, err = run([sys.executable, "-m", "sfchat", "bench", "--model", str(model), "--dtype", "bfloat16",
-                        "--quant", quant, "--device", "cuda", "--local-peers", "2", "--rtt-ms", "0,86",
-                        "--modes", "transformers,ring,ring-spec", "--draft", str(model), "--runs", "1",
-                        "--max-new-tokens", "32", "--prompts", str(prompts), "--json", str(out)], 170)
-    if code != 0:
+def bench_has(flag: str) -> bool:
+    code, out, _ = run([sys.executable, "-m", "sfchat", "bench", "--help"], 30)
+    return code == 0 and flag in out
+
+
+def bench(model: Path, out: Path, cap: float, *, dtype="bfloat16", quant="none", modes="transformers,ring,ring-spec",
+          draft=SIMULATED, rtts="0,86,175", peers=2, extra=(), device="cuda") -> list[dict]:
+    """`sfchat bench` on the GPU, one prompt, one run; its rows (those it finished, if it is cut short)."""
+    code, _, err = run([sys.executable, "-m", "sfchat", "bench", "--model", str(model), "--dtype", dtype,
+                        "--quant", quant, "--device", device, "--local-peers", str(peers), "--rtt-ms", rtts,
+                        "--modes", modes, "--draft", draft, "--runs", "1", "--max-new-tokens", "32",
+                        "--prompts", str(out.parent / "prompts.txt"), "--json", str(out), *extra], cap)
+    rows = json.loads(out.read_text())["rows"] if out.is_file() else []  # written row by row
+    if code != 0 and not rows:
         raise RuntimeError(err[-1500:])
-    keep = ("mode", "rtt_ms", "tokens_per_second", "tokens_per_round", "acceptance", "members")
-    return [{k: r[k] for k in keep if k in r} for r in json.loads(out.read_text())["rows"]]
+    return [{k: r[k] for k in KEEP if k in r} for r in rows] + ([{"cut": f"exit {code}", "stderr": err[-800:]}]
+                                                                 if code != 0 else [])
 
 
 def draft_graphs(model: Path) -> list[dict]:
     code, out, err = run([sys.executable, "scripts/gpu_draft_bench.py", "--model", str(model), "--tokens", "128"],
-                         120)
+                         60)
     if code != 0:
         raise RuntimeError(err[-1500:])
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def tok_s(rows, mode: str, rtt: float, draft: str | None = None) -> float | None:
+    for r in rows if isinstance(rows, list) else []:
+        if r.get("mode") == mode and r.get("rtt_ms") == rtt and r.get("draft") == draft and "error" not in r:
+            return r["tokens_per_second"]
+    return None
+
+
+def summary(result: dict) -> dict:
+    """The figures the GPU check is for: ring-spec at 86 ms (simulated 0.8) over ring there, bf16; the float32
+    self-draft's acceptance."""
+    bf16 = result.get("7b_bfloat16", [])
+    spec, ring = tok_s(bf16, "ring-spec", 86.0, "simulated acceptance 0.8"), tok_s(bf16, "ring", 86.0)
+    self_draft = [r for r in result.get("self_draft_float32", []) if isinstance(r, dict) and r.get("acceptance")]
+    return {"spec_0.8_over_ring_at_86ms_bf16": round(spec / ring, 2) if spec and ring else None,
+            "self_draft_acceptance": self_draft[0]["acceptance"] if self_draft else None}
+
+
 def main() -> int:
-    import argparse
-
-    import torch
-
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tests", nargs="+", default=["tests/"],
                     help="where to collect the cuda tests (a machine without the test extras: tests/test_cuda.py)")
     args = ap.parse_args()
+    import torch
 
     if not torch.cuda.is_available():
-        print("gpu_check: torch sees no CUDA device")
+        print("gpu_check: torch sees no CUDA device (this check measures on an NVIDIA GPU; nothing was run)")
         return 2
-    result: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    result: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                    "date": time.strftime("%Y-%m-%d")}
     stage(result, "cuda_tests", lambda: cuda_tests(args.tests))
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
-        prompts = work / "prompts.txt"
-        prompts.write_text("Explain pipeline parallelism in simple terms.\n")
+        (work / "prompts.txt").write_text("Explain pipeline parallelism in simple terms.\n")
         big = work / "qwen2.5-7b-shape"
         stage(result, "build_7b_shape", lambda: str(build_shape(big, "Qwen2Config", QWEN25_7B)))
         if "error" not in result["build_7b_shape"]:
-            for quant in ("none", "nf4"):
-                stage(result, f"7b_bfloat16_{quant}",
-                      lambda q=quant: bench(big, q, prompts, work / f"bench-{q}.json"))
+            stage(result, "7b_bfloat16", lambda: bench(big, work / "bf16.json", 150))
+            if bench_has("--no-graphs"):
+                stage(result, "7b_bfloat16_ring_no_graphs",
+                      lambda: bench(big, work / "nographs.json", 50, modes="ring", rtts="0,86",
+                                    extra=["--no-graphs"]))
+            stage(result, "7b_nf4", lambda: bench(big, work / "nf4.json", 110, quant="nf4", modes="ring,ring-spec"))
             shutil.rmtree(big)
         # the draft's speed depends on its shape, not its weights: SmolLM2-135M's shape, nothing downloaded
-        draft = work / "smollm2-135m-shape"
-        stage(result, "draft_cuda_graphs_vs_eager",
-              lambda: draft_graphs(build_shape(draft, "LlamaConfig", SMOLLM2_135M)))
+        small = work / "smollm2-135m-shape"
+        stage(result, "build_135m_shape", lambda: str(build_shape(small, "LlamaConfig", SMOLLM2_135M)))
+        if "error" not in result["build_135m_shape"]:
+            stage(result, "self_draft_float32",
+                  lambda: bench(small, work / "self.json", 60, dtype="float32", modes="ring-spec", draft=str(small),
+                                rtts="0", peers=1))
+            stage(result, "draft_cuda_graphs_vs_eager", lambda: draft_graphs(small))
+    result["checks"] = summary(result)
     result["seconds"] = round(time.monotonic() - START, 1)
     print(json.dumps(result))
     return 0 if result["cuda_tests"].get("ok") else 1

@@ -16,13 +16,14 @@ import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import trio
+
+from .shaped_relay import shaped_relay
 
 DEFAULT_PROMPTS = [
     "Explain quantum entanglement in simple terms.",
@@ -33,18 +34,21 @@ MODES = ["transformers", "transformers-assisted", "ring", "ring-spec"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", help="default: the shipped draft for the embedded default, else ngram; or ngram, none, "
-                   "a draft model or a distilled draft (smollm2-135m drafting itself is an upper bound)")
+    p.add_argument("--draft", help="default: the shipped draft for the embedded default, a hub model's sibling, else "
+                   "ngram; or ngram, none, a draft model or a distilled draft (smollm2-135m drafting itself is an "
+                   "upper bound); simulated:A (A in 0..1): the target's own greedy continuation with each token kept "
+                   "with probability A, for speculation of a known acceptance")
     p.add_argument("--k", type=int, help="pin the draft length (default: adaptive)")
     p.add_argument("--local-peers", type=int, default=1, metavar="N", help="peer processes in the ring (default 1)")
     p.add_argument("--rtt-ms", default="0,20,86,175", help="comma-separated ring round-trip times to emulate")
     p.add_argument("--prompts", help="a file with one prompt per line (default: three built-in prompts)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                   help="the longest answer to each prompt, in tokens")
     p.add_argument("--runs", type=int, default=3, help="timed runs of every prompt per mode; tokens/s is their median")
     p.add_argument("--modes", help="a subset of " + ",".join(MODES) + " (default: all, or none with --clients)")
     p.add_argument("--clients", metavar="N,N…", help="also serve the endpoint and measure this many concurrent "
                    "clients over HTTP (aggregate and per-client tokens/s, time to first token); e.g. 1,2,4,8")
-    p.add_argument("--json", metavar="OUT", help="also write the results to this JSON file")
+    p.add_argument("--json", metavar="OUT", help="also write the results to this JSON file (row by row, as they end)")
 
 
 @dataclass
@@ -70,8 +74,14 @@ class Row:
     rtt_ms: float
     runs: list[Sample] = field(default_factory=list)
     members: list[dict] = field(default_factory=list)  # a ring's members and their memory after the runs
+    draft: str | None = None  # what drafted (ring-spec, transformers-assisted)
+    error: str | None = None  # why the mode failed: the row says so, the others still print
+    passes: dict = field(default_factory=dict)  # member -> positions a pass carried (T) -> [ms of each pass]
 
     def to_dict(self) -> dict:
+        head = {"mode": self.mode, "rtt_ms": self.rtt_ms, **({"draft": self.draft} if self.draft else {})}
+        if self.error or not self.runs:
+            return head | {"error": self.error or "no runs"}
         total = Sample()
         for s in self.runs:
             total.add(s)
@@ -80,16 +90,38 @@ class Row:
         compute = total.compute_ms / total.rounds if total.rounds else 0.0
         rtt = self.rtt_ms if self.mode.startswith("ring") else 0.0  # one process: no network in its rounds
         ceiling = tpr / ((rtt + compute) / 1e3) if rtt + compute > 0 else None
-        return {"mode": self.mode, "rtt_ms": self.rtt_ms, "tokens_per_second": round(tps, 3),
-                "tokens_per_second_runs": [round(s.tokens / s.seconds, 3) for s in self.runs],
-                "tokens_per_round": round(tpr, 3),
-                "acceptance": round(total.accepted / total.drafted, 4) if total.drafted else None,
-                "compute_ms_per_round": round(compute, 3),
-                "network_ms_per_round": round(total.network_ms / total.rounds, 3) if total.rounds else None,
-                "ceiling_tokens_per_second": round(ceiling, 3) if ceiling else None,
-                "fraction_of_ceiling": round(tps / ceiling, 4) if ceiling else None,
-                "tokens": total.tokens, "rounds": total.rounds, "runs": len(self.runs),
-                **({"members": self.members} if self.members else {})}
+        return head | {
+            "tokens_per_second": round(tps, 3),
+            "tokens_per_second_runs": [round(s.tokens / s.seconds, 3) for s in self.runs],
+            "tokens_per_round": round(tpr, 3),
+            "acceptance": round(total.accepted / total.drafted, 4) if total.drafted else None,
+            "compute_ms_per_round": round(compute, 3),
+            "network_ms_per_round": round(total.network_ms / total.rounds, 3) if total.rounds else None,
+            "ceiling_tokens_per_second": round(ceiling, 3) if ceiling else None,
+            "fraction_of_ceiling": round(tps / ceiling, 4) if ceiling else None,
+            "tokens": total.tokens, "rounds": total.rounds, "runs": len(self.runs),
+            **({"members": self.members} if self.members else {}),
+            **({"pass_ms": pass_ms(self.passes)} if self.passes else {})}
+
+
+def pass_ms(passes: dict) -> dict:
+    """Each member's mean milliseconds per pass at T = 1 (one token) and at the most frequent T = K+1 (K drafts)."""
+    out = {}
+    for member, by_t in passes.items():
+        d = {"T=1": round(statistics.mean(by_t[1]), 3)} if 1 in by_t else {}
+        if wide := [t for t in by_t if t > 1]:
+            t = max(wide, key=lambda t: len(by_t[t]))
+            d[f"T={t}"] = round(statistics.mean(by_t[t]), 3)
+        out[member] = d
+    return out
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line for a row (a group: its first leaf, as trio's nurseries wrap them)."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:300]
 
 
 # --- one process: plain transformers ------------------------------------------------------------------------
@@ -150,149 +182,238 @@ def count_candidates(record: list):
             p.stop()
 
 
-def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: list[str], advance) -> list[Row]:
-    import torch
+@dataclass
+class Baseline:
+    """Plain transformers where the ring runs, in its dtype (the same device makes the ratio mean something), and
+    what its assisted generation drafts with (loaded for that mode alone: a draft that fails fails its row)."""
+
+    model: object
+    device: str
+    dtype: object
+    pad: int
+    assistant: object = None
+
+
+def load_baseline(args, model_dir, tokenizer) -> Baseline:
     from transformers import AutoModelForCausalLM
 
-    from peers.chat import render
-    from peers import models
-    from peers import device as dev
     from peers.memory import default_device, pick_dtype
     from peers.tensors import DTYPES
 
-    # the baseline runs where the ring runs, in its dtype: the same device makes the ratio mean something
     device = args.device or default_device()
     dt = DTYPES[pick_dtype(args.dtype, str(device))]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).to(device).eval()
-    assistant, extra = None, {}
-    if "transformers-assisted" in modes:
-        from peers.drafting import is_distilled
-
-        if args.draft == "none":
-            modes = [m for m in modes if m != "transformers-assisted"]
-        elif args.draft in (None, "", "auto", "ngram") or is_distilled(models.resolve(args.draft)):
-            # transformers cannot run a draft that reads the target's features: it gets prompt lookup instead
-            extra = {"prompt_lookup_num_tokens": 10}
-        else:
-            assistant = AutoModelForCausalLM.from_pretrained(models.resolve(args.draft), dtype=dt).to(device).eval()
-            extra = {"assistant_model": assistant}
-    inputs = [torch.tensor([render(tokenizer, [{"role": "user", "content": p}])], device=device) for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Baseline(model, str(device), dt, pad)
 
-    def one(ids, kw, max_new, sample: Sample | None) -> None:
-        timers = [ForwardTimer(m, device) for m in (model, assistant) if m is not None and (m is model or kw)]
-        record: list = []
-        try:
-            with count_candidates(record), torch.inference_mode():
-                dev.finish(device)
-                t0 = time.perf_counter()
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                                     pad_token_id=pad, **kw)
-                dev.finish(device)
-                seconds = time.perf_counter() - t0
-        finally:
-            for t in timers:
-                t.close()
-        if sample is not None:
-            rounds = len(record) if record else timers[0].calls
-            sample.add(Sample(tokens=out.shape[1] - ids.shape[1], seconds=seconds, rounds=rounds,
-                              drafted=sum(d for d, _ in record), accepted=sum(a for _, a in record),
-                              compute_ms=sum(t.ms for t in timers)))
 
-    rows = []
-    for mode in [m for m in modes if m.startswith("transformers")]:
-        kw = extra if mode == "transformers-assisted" else {}
-        advance(f"{mode}: warm-up")
-        one(inputs[0], kw, 8, None)
+def assisted(args, base: Baseline) -> tuple[dict, str]:
+    """generate()'s arguments for transformers-assisted, and what drafts."""
+    from transformers import AutoModelForCausalLM
+
+    from peers import models
+    from peers.drafting import is_distilled
+
+    if args.draft in (None, "", "auto", "ngram") or is_distilled(models.resolve(args.draft)):
+        # transformers cannot run a draft that reads the target's features: it gets prompt lookup instead
+        return {"prompt_lookup_num_tokens": 10}, "prompt lookup"
+    base.assistant = AutoModelForCausalLM.from_pretrained(models.resolve(args.draft), dtype=base.dtype)
+    base.assistant = base.assistant.to(base.device).eval()
+    return {"assistant_model": base.assistant}, args.draft
+
+
+def timed_generate(base: Baseline, ids, kw: dict, max_new: int) -> Sample:
+    """One greedy generate, timed end to end, its rounds and compute counted."""
+    import torch
+
+    from peers import device as dev
+
+    timers = [ForwardTimer(m, base.device) for m in (base.model, base.assistant)
+              if m is not None and (m is base.model or kw)]
+    record: list = []
+    try:
+        with count_candidates(record), torch.inference_mode():
+            dev.finish(base.device)
+            t0 = time.perf_counter()
+            out = base.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                      do_sample=False, pad_token_id=base.pad, **kw)
+            dev.finish(base.device)
+            seconds = time.perf_counter() - t0
+    finally:
+        for t in timers:
+            t.close()
+    return Sample(tokens=out.shape[1] - ids.shape[1], seconds=seconds, rounds=len(record) or timers[0].calls,
+                  drafted=sum(d for d, _ in record), accepted=sum(a for _, a in record),
+                  compute_ms=sum(t.ms for t in timers))
+
+
+def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: list[str], advance, done) -> None:
+    """The transformers modes' rows, each handed to `done` as it ends (a failed one with its error)."""
+    import torch
+
+    from peers.chat import render
+
+    modes = [m for m in modes if m.startswith("transformers")]
+    try:
+        base = load_baseline(args, model_dir, tokenizer)
+    except Exception as e:  # noqa: BLE001 - the ring's rows are still measured
+        for mode in modes:
+            done(Row(mode, 0.0, error=one_line(e)))
+        return
+    inputs = [torch.tensor([render(tokenizer, [{"role": "user", "content": p}])], device=base.device)
+              for p in prompts]
+    for mode in modes:
         row = Row(mode, 0.0)
-        for r in range(args.runs):
-            sample = Sample()
-            for i, ids in enumerate(inputs):
-                one(ids, kw, args.max_new_tokens, sample)
-                advance(f"{mode}: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
-            row.runs.append(sample)
-        rows.append(row)
-    return rows
+        try:
+            kw = {}
+            if mode == "transformers-assisted":
+                kw, row.draft = assisted(args, base)
+            advance(f"{mode}: warm-up")
+            timed_generate(base, inputs[0], kw, 8)
+            for r in range(args.runs):
+                sample = Sample()
+                for i, ids in enumerate(inputs):
+                    sample.add(timed_generate(base, ids, kw, args.max_new_tokens))
+                    advance(f"{mode}: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
+                row.runs.append(sample)
+        except Exception as e:  # noqa: BLE001 - one mode's failure must not lose the others' figures
+            row.error = one_line(e)
+        done(row)
 
 
 # --- the ring -----------------------------------------------------------------------------------------------
 
-@asynccontextmanager
-async def shaped_relay(delay_ms: float):
-    """An `sfchat relay` process adding delay_ms one way on every link; yields its HOST:PORT (None if no delay)."""
-    if delay_ms <= 0:
-        yield None
-        return
-    from .local import child_env, stop
-
-    proc = subprocess.Popen([sys.executable, "-m", "sfchat", "relay", "--listen", "127.0.0.1:0", "--delay-ms",
-                             f"{delay_ms:.4f}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, text=True, env=child_env())
-    try:
-        with trio.fail_after(60):
-            line = await trio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
-        if not line.startswith("relay listening on "):
-            raise RuntimeError(f"the relay did not start: {line!r}")
-        yield line.split()[3]
-    finally:
-        stop([proc])
-
-
-async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], advance) -> list[Row]:
-    from peers.adaptive import KPolicy
-    from peers.chat import Chat
-    from peers.drafting import Drafter
-    from peers.sampling import SamplingParams
-
+async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], advance, done) -> None:
+    """The ring's rows at one RTT, each handed to `done` as it ends; a ring that does not come up fails them all."""
     from peers.options import HostOptions
 
     from .options import RingOptions
-    from .runtime import new_drafter, open_ring
+    from .runtime import open_ring
 
+    todo = ring_modes(args.draft, modes)
     links = args.local_peers + 1  # host -> member 1 -> … -> member N -> host
-    rows = []
-    async with shaped_relay(rtt_ms / links) as relay:
-        opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
-                                       relay=relay, graphs=not args.no_graphs), local_peers=args.local_peers)
-        advance(f"ring at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
-        async with open_ring(opts, announce=False) as ring:
-            if len(ring.host.ring) != args.local_peers:
-                print(f"warning: {len(ring.host.ring)} of {args.local_peers} peers hold layers; the emulated RTT "
-                      f"is split over {links} links", file=sys.stderr)
-            for mode in [m for m in modes if m.startswith("ring")]:
-                drafter = await new_drafter(args.draft, ring) if mode == "ring-spec" else Drafter()
-                policy = KPolicy(pinned=args.k)
+    try:
+        async with shaped_relay(rtt_ms / links) as relay:
+            opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
+                                           relay=relay, graphs=not args.no_graphs), local_peers=args.local_peers)
+            advance(f"ring at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
+            async with open_ring(opts, announce=False) as ring:
+                if len(ring.host.ring) != args.local_peers:
+                    print(f"warning: {len(ring.host.ring)} of {args.local_peers} peers hold layers; the emulated "
+                          f"RTT is split over {links} links", file=sys.stderr)
+                while todo:
+                    done(await ring_row(args, ring, *todo[0], rtt_ms, prompts, advance))
+                    todo.pop(0)
+    except Exception as e:  # noqa: BLE001 - the ring did not come up (or went down): its rows say why
+        for mode, _ in todo:
+            done(Row(mode, rtt_ms, error=one_line(e)))
 
-                async def one(prompt: str, max_new: int, sample: Sample | None) -> None:
-                    chat = Chat(ring.host, ring.tokenizer, ring.eos)
-                    t0 = time.perf_counter()
-                    _, result = await chat.reply(prompt, drafter=drafter, params=SamplingParams(), policy=policy,
-                                                 max_new_tokens=max_new)
-                    seconds = time.perf_counter() - t0
-                    await ring.host.drop(chat.rs)
-                    if sample is not None:
-                        rs = result.rounds
-                        sample.add(Sample(
-                            tokens=len(result.token_ids), seconds=seconds, rounds=len(rs),
-                            drafted=sum(r["drafted"] for r in rs), accepted=sum(r["accepted"] for r in rs),
-                            compute_ms=sum(r["host_ms"] + sum(ms for _, ms in r["peers"]) + r["draft_ms"]
-                                           + r["verify_ms"] for r in rs),
-                            network_ms=sum(r["network_ms"] for r in rs)))
 
-                advance(f"{mode} at {rtt_ms:g} ms: warm-up")
-                await one(prompts[0], 8, None)
-                row = Row(mode, rtt_ms)
-                for r in range(args.runs):
-                    sample = Sample()
-                    for i, prompt in enumerate(prompts):
-                        await one(prompt, args.max_new_tokens, sample)
-                        advance(f"{mode} at {rtt_ms:g} ms: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
-                    row.runs.append(sample)
-                row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes")}
-                               for m in ring.host.members_info() if m["state"] != "lost"]
-                rows.append(row)
-                drafter.close()  # a compiled draft's graphs would otherwise stay, counted in the next rows' memory
-    return rows
+def ring_modes(draft: str | None, modes: list[str]) -> list[tuple[str, str | None]]:
+    """(mode, what drafts) for each ring row: ring-spec once per simulated acceptance, else once."""
+    from peers.drafting.simulated import parse_simulated
+
+    out = []
+    for mode in [m for m in modes if m.startswith("ring")]:
+        if mode == "ring-spec" and (acceptances := parse_simulated(draft)):
+            out += [(mode, f"simulated:{a:g}") for a in acceptances]
+        else:
+            out.append((mode, draft if mode == "ring-spec" else "none"))
+    return out
+
+
+_references: dict[tuple, list[int]] = {}  # (model, prompt, max new tokens) -> the ring's greedy tokens
+
+
+async def ring_drafter(args, ring, spec: str | None, prompts: list[str]):
+    """What a row drafts with: nothing, --draft, or a simulated draft over the plain greedy answers (one plain
+    run per prompt, whatever the RTT: the answer is the same on every ring)."""
+    from peers.drafting import Drafter
+    from peers.drafting.simulated import SimulatedDrafter, parse_simulated
+    from peers.sampling import SamplingParams
+
+    from .runtime import new_drafter
+
+    if spec == "none":
+        return Drafter()
+    if (acceptance := parse_simulated(spec)) is None:
+        return await new_drafter(spec, ring)
+    for prompt in prompts:  # the target's own greedy continuation, from a plain run of the same prompt
+        if (key := (args.model, prompt, args.max_new_tokens)) not in _references:
+            _references[key], _ = await ring_reply(ring, prompt, Drafter(), policy_for(args), args.max_new_tokens,
+                                                   SamplingParams())
+    return SimulatedDrafter(acceptance[0], ring.host.config.vocab_size,
+                            [_references[(args.model, p, args.max_new_tokens)] for p in prompts])
+
+
+def policy_for(args):
+    from peers.adaptive import KPolicy
+
+    return KPolicy(pinned=args.k)
+
+
+async def ring_reply(ring, prompt: str, drafter, policy, max_new: int, params):
+    """One answer on a conversation of its own, whose caches are dropped after: its tokens (prompt and answer) and
+    its result."""
+    from peers.chat import Chat
+
+    chat = Chat(ring.host, ring.tokenizer, ring.eos)
+    _, result = await chat.reply(prompt, drafter=drafter, params=params, policy=policy, max_new_tokens=max_new)
+    await ring.host.drop(chat.rs)
+    return chat.tokens, result
+
+
+async def ring_row(args, ring, mode: str, spec: str | None, rtt_ms: float, prompts: list[str], advance) -> Row:
+    """One ring row: warmed up, then --runs runs of every prompt; a failure is the row's error."""
+    from peers.sampling import SamplingParams
+
+    row, drafter = Row(mode, rtt_ms), None
+    try:
+        drafter = await ring_drafter(args, ring, spec, prompts)
+        row.draft = drafter.name if mode == "ring-spec" else None
+        policy = policy_for(args)
+
+        async def one(prompt: str, max_new: int, sample: Sample | None) -> None:
+            t0 = time.perf_counter()
+            _, result = await ring_reply(ring, prompt, drafter, policy, max_new, SamplingParams())
+            seconds = time.perf_counter() - t0
+            if sample is not None:
+                sample.add(ring_sample(result.rounds, len(result.token_ids), seconds))
+                count_passes(row.passes, result.rounds)
+
+        advance(f"{mode} at {rtt_ms:g} ms: warm-up")
+        await one(prompts[0], 8, None)
+        for r in range(args.runs):
+            sample = Sample()
+            for i, prompt in enumerate(prompts):
+                await one(prompt, args.max_new_tokens, sample)
+                advance(f"{mode} at {rtt_ms:g} ms: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
+            row.runs.append(sample)
+        row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes")}
+                       for m in ring.host.members_info() if m["state"] != "lost"]
+    except Exception as e:  # noqa: BLE001 - one mode's failure must not lose the others' figures
+        row.error = one_line(e)
+    finally:
+        if drafter is not None:
+            # a compiled draft's graphs would otherwise stay, counted in the next rows' memory
+            await trio.to_thread.run_sync(drafter.close)
+    return row
+
+
+def ring_sample(rounds: list[dict], tokens: int, seconds: float) -> Sample:
+    return Sample(tokens=tokens, seconds=seconds, rounds=len(rounds), drafted=sum(r["drafted"] for r in rounds),
+                  accepted=sum(r["accepted"] for r in rounds),
+                  compute_ms=sum(r["host_ms"] + sum(ms for _, ms in r["peers"]) + r["draft_ms"] + r["verify_ms"]
+                                 for r in rounds),
+                  network_ms=sum(r["network_ms"] for r in rounds))
+
+
+def count_passes(passes: dict, rounds: list[dict]) -> None:
+    """Each member's milliseconds per pass, by the positions the pass carried (T: the drafts and one more)."""
+    for r in rounds:
+        t = r["drafted"] + 1
+        for member, ms in [("host", r["host_ms"])] + [tuple(p) for p in r["peers"]]:
+            passes.setdefault(member, {}).setdefault(t, []).append(ms)
 
 
 # --- the command ----------------------------------------------------------------------------------------------
@@ -315,16 +436,17 @@ def machine_info() -> dict:
 
 def checks(rows: list[dict]) -> list[str]:
     """The ratios that matter, as measured: ring-spec over ring at each RTT, ring over transformers at 0 ms."""
-    at = {(r["mode"], r["rtt_ms"]): r for r in rows}
+    ok = [r for r in rows if "error" not in r]
+    ring = {r["rtt_ms"]: r for r in ok if r["mode"] == "ring"}
+    plain = next((r for r in ok if r["mode"] == "transformers"), None)
     out = []
-    for (mode, rtt), r in sorted(at.items(), key=lambda kv: kv[0][1]):
-        if mode == "ring-spec" and ("ring", rtt) in at and rtt > 0:
-            base = at[("ring", rtt)]["tokens_per_second"]
-            out.append(f"at {rtt:g} ms: ring-spec is {r['tokens_per_second'] / base:.2f}x ring, "
+    for r in sorted(ok, key=lambda r: r["rtt_ms"]):
+        if r["mode"] == "ring-spec" and r["rtt_ms"] in ring and r["rtt_ms"] > 0:
+            out.append(f"at {r['rtt_ms']:g} ms: ring-spec ({r['draft']}) is "
+                       f"{r['tokens_per_second'] / ring[r['rtt_ms']]['tokens_per_second']:.2f}x ring, "
                        f"{r['fraction_of_ceiling']:.0%} of its ceiling")
-        if mode == "ring" and rtt == 0 and ("transformers", 0.0) in at:
-            out.append(f"at 0 ms: ring is {r['tokens_per_second'] / at[('transformers', 0.0)]['tokens_per_second']:.2f}x "
-                       "transformers")
+        if r["mode"] == "ring" and r["rtt_ms"] == 0 and plain is not None:
+            out.append(f"at 0 ms: ring is {r['tokens_per_second'] / plain['tokens_per_second']:.2f}x transformers")
     return out
 
 
@@ -332,8 +454,29 @@ CEILING_NOTE = ("ceiling: tok/round / (RTT + compute ms/round), what the mode wo
                 "only its round-trip time")
 
 
+def mode_cell(r: dict, sep: str = "\n") -> str:
+    """A row's mode, what drafted, and why it failed if it did."""
+    text = r["mode"] + (f"{sep}({r['draft']})" if r.get("draft") else "")
+    return f"{text}{sep}failed: {r['error']}" if "error" in r else text
+
+
+def row_line(r: dict) -> str:
+    """A row as one line of progress, as it ends."""
+    if "error" in r:
+        return f"bench: {mode_cell(r, ' ')} (at {r['rtt_ms']:g} ms)"
+    return (f"bench: {mode_cell(r, ' ')} at {r['rtt_ms']:g} ms: {r['tokens_per_second']:.2f} tok/s, "
+            f"{r['tokens_per_round']:.2f} tok/round")
+
+
+def passes_line(r: dict) -> str:
+    """Each member's milliseconds per pass at T = 1 and T = K+1, as measured in a ring row."""
+    return f"{r['mode']}: " + "; ".join(
+        f"{m} " + ", ".join(f"{ms:.1f} ms at {t}" for t, ms in by_t.items()) for m, by_t in r["pass_ms"].items())
+
+
 def print_tables(rows: list[dict], rtts: list[float], console) -> None:
-    """Transformers once (one process, no network: no RTT applies), then the ring's rows for each RTT."""
+    """Transformers once (one process, no network: no RTT applies), then the ring's rows for each RTT, each with
+    its members' milliseconds per pass."""
     from rich.table import Table
 
     local = [r for r in rows if r["mode"].startswith("transformers")]
@@ -346,22 +489,119 @@ def print_tables(rows: list[dict], rtts: list[float], console) -> None:
         for col in ("mode", "tok/s", "tok/round", "accept", "compute ms/round", "ceiling tok/s", "of ceiling"):
             t.add_column(col, justify="left" if col == "mode" else "right")
         for r in group:
-            t.add_row(r["mode"],
+            if "error" in r:
+                t.add_row(mode_cell(r), *["-"] * 6)
+                continue
+            t.add_row(mode_cell(r),
                       f"{r['tokens_per_second']:.2f}", f"{r['tokens_per_round']:.2f}",
                       "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}",
                       f"{r['compute_ms_per_round']:.1f}",
                       "-" if r["ceiling_tokens_per_second"] is None else f"{r['ceiling_tokens_per_second']:.2f}",
                       "-" if r["fraction_of_ceiling"] is None else f"{r['fraction_of_ceiling']:.0%}")
         console.print(t)
+        if lines := [passes_line(r) for r in group if r.get("pass_ms")]:
+            console.print("milliseconds per pass, by member and positions carried (T):\n  " + "\n  ".join(lines))
 
 
-def draft_label(spec: str | None, model_dir) -> str:
-    """What ring-spec drafts with: a default resolves to the shipped draft (embedded default target) or ngram."""
+def draft_label(spec: str | None, model: str | None, model_dir) -> str:
+    """What ring-spec drafts with: a default resolves to the shipped draft (embedded default target), a hub model's
+    sibling or ngram (each row names the draft it used: a sibling that cannot be had leaves ngram)."""
     from peers.drafting import shipped_draft
+    from peers.drafting.siblings import sibling_draft
+    from peers.drafting.simulated import SimulatedDrafter, parse_simulated
+    from peers.hub import parse
 
+    if (acceptances := parse_simulated(spec)) is not None:
+        return ", ".join(SimulatedDrafter(a, 1).name for a in acceptances)
     if spec in (None, "", "auto"):
-        return "shipped draft" if shipped_draft(model_dir) is not None else "ngram"
+        if shipped_draft(model_dir) is not None:
+            return "shipped draft"
+        hub = parse(model) if model and not os.path.exists(model) else None
+        return sibling_draft(hub[0] if hub else None) or "ngram"
     return spec
+
+
+@dataclass
+class Plan:
+    """What a bench measures, checked before anything is loaded."""
+
+    rtts: list[float]
+    clients: list[int]
+    modes: list[str]
+    prompts: list[str]
+
+
+def bench_plan(args) -> Plan:
+    from peers.drafting.simulated import parse_simulated
+
+    rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
+    clients = [int(x) for x in args.clients.split(",") if x.strip()] if args.clients else []
+    if any(n < 1 for n in clients):
+        raise ValueError("--clients takes counts of 1 or more")
+    modes = [m.strip() for m in (args.modes or ("" if clients else ",".join(MODES))).split(",") if m.strip()]
+    if bad := [m for m in modes if m not in MODES]:
+        raise ValueError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
+    if args.draft == "none":
+        modes = [m for m in modes if m not in ("transformers-assisted", "ring-spec")]
+    if parse_simulated(args.draft) is not None:  # transformers' assisted generation cannot run one
+        modes = [m for m in modes if m != "transformers-assisted"]
+    prompts = DEFAULT_PROMPTS
+    if args.prompts:
+        with open(args.prompts) as f:
+            prompts = [ln.strip() for ln in f if ln.strip()]
+    if not prompts or args.runs < 1 or any(r < 0 for r in rtts):
+        raise ValueError("need at least one prompt, --runs >= 1 and RTTs >= 0")
+    return Plan(rtts, clients, modes, prompts)
+
+
+class Results:
+    """The rows as they end: each one printed to stderr as a line of progress and, with --json, written at once
+    (a bench cut short keeps what it measured)."""
+
+    def __init__(self, args, plan: Plan, draft: str, console):
+        from peers import models
+
+        self.path, self.console, self.rows, self.serving, self.checks = args.json, console, [], [], []
+        self.head = {"machine": machine_info(), "command": "sfchat " + " ".join(sys.argv[1:]) if sys.argv else "",
+                     "config": {"model": args.model or models.DEFAULT_MODEL, "draft": draft, "dtype": args.dtype,
+                                "local_peers": args.local_peers, "rtt_ms": plan.rtts, "runs": args.runs,
+                                "max_new_tokens": args.max_new_tokens, "prompts": plan.prompts}}
+
+    def done(self, row: Row) -> None:
+        self.rows.append(d := row.to_dict())
+        self.console.print(row_line(d), highlight=False, markup=False)
+        self.write()
+
+    def write(self) -> None:
+        if self.path:
+            with open(self.path, "w") as f:
+                json.dump(self.head | {"rows": self.rows, "serving_rows": self.serving, "checks": self.checks}, f,
+                          indent=2)
+
+
+async def measure(args, plan: Plan, model_dir, tokenizer, results: Results, progress) -> None:
+    """Every row: transformers, then the ring at each RTT, then served clients at each RTT."""
+    from . import bench_serve
+
+    n_tf = sum(m.startswith("transformers") for m in plan.modes)
+    n_ring = sum(m.startswith("ring") for m in plan.modes)
+    task = progress.add_task("loading", total=args.runs * len(plan.prompts) * (n_tf + n_ring * len(plan.rtts))
+                             + args.runs * len(plan.clients) * len(plan.rtts))
+
+    def advance(text: str, n: int = 0) -> None:
+        progress.update(task, description=text, advance=n)
+
+    if n_tf:
+        await trio.to_thread.run_sync(transformers_rows, args, model_dir, tokenizer, plan.prompts, plan.modes,
+                                      advance, results.done)
+    for rtt in plan.rtts if n_ring else []:
+        await ring_rows(args, rtt, plan.prompts, plan.modes, advance, results.done)
+    for rtt in plan.rtts if plan.clients else []:
+        try:
+            results.serving += await bench_serve.serving_rows(args, rtt, plan.clients, plan.prompts, advance)
+        except Exception as e:  # noqa: BLE001 - the rows measured so far are kept
+            results.console.print(f"bench: serving at {rtt:g} ms: failed: {one_line(e)}", markup=False)
+        results.write()
 
 
 async def bench(args) -> int:
@@ -373,60 +613,22 @@ async def bench(args) -> int:
 
     from . import bench_serve
 
-    rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
-    clients = [int(x) for x in args.clients.split(",") if x.strip()] if args.clients else []
-    if any(n < 1 for n in clients):
-        raise ValueError("--clients takes counts of 1 or more")
-    modes = [m.strip() for m in (args.modes or ("" if clients else ",".join(MODES))).split(",") if m.strip()]
-    if bad := [m for m in modes if m not in MODES]:
-        raise ValueError(f"unknown mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
-    if args.draft == "none":
-        modes = [m for m in modes if m not in ("transformers-assisted", "ring-spec")]
-    prompts = DEFAULT_PROMPTS
-    if args.prompts:
-        with open(args.prompts) as f:
-            prompts = [ln.strip() for ln in f if ln.strip()]
-    if not prompts or args.runs < 1 or any(r < 0 for r in rtts):
-        raise ValueError("need at least one prompt, --runs >= 1 and RTTs >= 0")
+    plan = bench_plan(args)
     model_dir = models.resolve(args.model, say=lambda *a: print(*a, file=sys.stderr))
     tokenizer = load_tokenizer(model_dir)
-    n_tf = sum(m.startswith("transformers") for m in modes)
-    n_ring = sum(m.startswith("ring") for m in modes)
-    total = args.runs * len(prompts) * (n_tf + n_ring * len(rtts)) + args.runs * len(clients) * len(rtts)
     err = Console(stderr=True)
     logging.getLogger("sfchat.host").setLevel(logging.ERROR)  # closing each ring "loses" its members: not news
-    rows: list[Row] = []
+    results = Results(args, plan, draft_label(args.draft, args.model, model_dir), err)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as progress:
-        task = progress.add_task("loading", total=total)
-
-        def advance(text: str, n: int = 0) -> None:
-            progress.update(task, description=text, advance=n)
-
-        if n_tf:
-            rows += await trio.to_thread.run_sync(transformers_rows, args, model_dir, tokenizer, prompts, modes, advance)
-        if n_ring:
-            for rtt in rtts:
-                rows += await ring_rows(args, rtt, prompts, modes, advance)
-        serving = []
-        for rtt in rtts if clients else []:
-            serving += await bench_serve.serving_rows(args, rtt, clients, prompts, advance)
-    out = [r.to_dict() for r in rows]
+        await measure(args, plan, model_dir, tokenizer, results, progress)
     console = Console(width=None if sys.stdout.isatty() else 110)
-    if out:
-        print_tables(out, rtts, console)
-    if serving:
-        bench_serve.print_table(serving, console)
-    notes = checks(out) + bench_serve.checks(serving)
-    for line in notes:
+    if results.rows:
+        print_tables(results.rows, plan.rtts, console)
+    if results.serving:
+        bench_serve.print_table(results.serving, console)
+    results.checks = checks(results.rows) + bench_serve.checks(results.serving)
+    for line in results.checks:
         print(line)
-    if args.json:
-        doc = {"machine": machine_info(), "command": "sfchat " + " ".join(sys.argv[1:]) if sys.argv else "",
-               "config": {"model": args.model or models.DEFAULT_MODEL, "draft": draft_label(args.draft, model_dir),
-                          "dtype": args.dtype, "graphs": not args.no_graphs, "local_peers": args.local_peers,
-                          "rtt_ms": rtts, "runs": args.runs,
-                          "max_new_tokens": args.max_new_tokens, "prompts": prompts},
-               "rows": out, "serving_rows": serving, "checks": notes}
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-    return 0
+    results.write()
+    return 0 if results.rows or results.serving else 1

@@ -15,7 +15,7 @@ import time
 import httpx
 import trio
 
-from .bench import shaped_relay
+from .shaped_relay import shaped_relay
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -11,12 +11,10 @@ import sys
 import trio
 
 from peers import models
-from peers.auth import AuthError
-from peers.channel import ChannelClosed
-from peers.errors import RingError
 
 from . import __version__
 from .local import die_with_parent
+from .user_errors import runnable, user_error
 
 MODEL_HELP = ("a hub id ORG/NAME[@REVISION] (fetched into the Hugging Face cache, each machine only its layers), "
               "a model directory, a .gguf file, or smollm2-135m")
@@ -71,8 +69,12 @@ def in_range(low: float, high: float):
 
 
 def draft_word(text: str) -> str:
+    from peers.drafting.choose import SIMULATED
+
     from .tui.commands import DRAFT_WORDS
 
+    if text.startswith(SIMULATED):  # (bench's --draft takes it: it knows the answers it simulates)
+        raise argparse.ArgumentTypeError(f"{text} is for `sfchat bench` only")
     return DRAFT_WORDS.get(text, text)
 
 
@@ -193,7 +195,7 @@ def parser() -> argparse.ArgumentParser:
                    "failing to take its layers (default: %(default)s)")
 
     p = command("relay", "forward members' connections between networks (optionally shaped)")
-    from peers.relay import add_arguments as relay_arguments
+    from .relay import add_arguments as relay_arguments
     relay_arguments(p)
 
     p = command("bench", "tokens/s of transformers and the ring over links of given round-trip times")
@@ -226,29 +228,6 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         print(f"sfchat {args.cmd}: {runnable(str(err) or type(err).__name__)}", file=sys.stderr)
         return 1
-
-
-def runnable(message: str) -> str:
-    """The engine's hints name `sfchat …`; when sfchat is not on PATH, name the command that runs it here."""
-    from .invite import program
-
-    return message.replace("`sfchat ", f"`{program()} ")
-
-
-EXPECTED = (models.ModelError, AuthError, RingError, ValueError, OSError, ChannelClosed, RuntimeError,
-            trio.TooSlowError, KeyboardInterrupt)
-
-
-def user_error(e: BaseException) -> BaseException | None:
-    """The error to show the user in one line: the first expected one, dug out of trio's exception groups."""
-    if isinstance(e, BaseExceptionGroup):
-        for sub in e.exceptions:
-            if (found := user_error(sub)) is not None:
-                return found
-        return None
-    if isinstance(e, trio.TooSlowError):
-        return TimeoutError("timed out")
-    return e if isinstance(e, EXPECTED) else None
 
 
 def stderr(*a) -> None:
@@ -347,9 +326,9 @@ def cmd_config(args) -> int:
 
 
 def cmd_relay(args) -> int:
-    from peers.relay import run_cli
+    from .relay import run
 
-    return run_cli(args)
+    return run(args)
 
 
 def cmd_bench(args) -> int:

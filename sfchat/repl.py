@@ -93,82 +93,107 @@ async def host_repl(opts: RingOptions) -> int:
 
 async def _repl(opts: RingOptions, lines: Lines) -> int:
     watch = RingWatch(lines)
-    answer = opts.answer  # replaced, not changed, by /k and /temp
     host = build_host(opts, on_change=watch)
     host.say = lines.say
     watch.host = host
-    s = settings_mod.load()
     async with open_ring(opts, host=host) as ring:
         lines.say(f"sfchat host on {host.address}. On each other machine run:\n  {invite_for(opts, host)}")
         lines.say("Type a prompt, or /help.")
-        drafter = await new_drafter(answer.draft, ring, say=lines.say)
-        chat = Chat(host, ring.tokenizer, ring.eos)
-        policy = KPolicy(pinned=answer.k)
-        async with serving_beside(ring, drafter, opts, say=lines.say):  # with --serve
-            while True:
-                sys.stderr.write("> ")
-                sys.stderr.flush()
-                line = await trio.to_thread.run_sync(sys.stdin.readline)
-                if not line:
-                    return 0
-                text = line.strip()
-                if not text:
-                    continue
+        chat = HeadlessChat(opts, ring, lines, await new_drafter(opts.answer.draft, ring, say=lines.say))
+        async with serving_beside(ring, chat.drafter, opts, say=lines.say):  # with --serve
+            while (text := await read_line()) is not None:
                 if text.startswith("/"):
-                    try:
-                        cmd = parse(text)
-                    except CommandError as e:
-                        lines.say(str(e))
-                        continue
-                    if cmd.name == "quit":
-                        return 0
-                    if cmd.name == "new":
-                        await host.drop(chat.rs)
-                        chat = Chat(host, ring.tokenizer, ring.eos)
-                        lines.say("New chat.")
-                    elif cmd.name == "draft":
-                        try:
-                            drafter = await new_drafter(cmd.value, ring, say=lines.say)
-                        except Exception as e:  # noqa: BLE001 - a draft that does not load is not saved
-                            lines.say(f"/draft: cannot use {cmd.value}: {e}")
-                            continue
-                        s.draft = cmd.value
-                        answer = replace(answer, draft=s.draft_spec)
-                        lines.say(f"draft {drafter.name}; saved in {settings_mod.save(s)}")
-                    elif cmd.name == "k":
-                        s.k = cmd.value
-                        answer = replace(answer, k=s.k_pinned)
-                        policy.pinned = answer.k
-                        lines.say(f"K {s.k}; saved in {settings_mod.save(s)}")
-                    elif cmd.name == "temp":
-                        s.temperature = cmd.value
-                        answer = replace(answer, temperature=cmd.value)
-                        lines.say(f"temperature {cmd.value:g}; saved in {settings_mod.save(s)}")
-                    elif cmd.name == "invite":
-                        lines.say(invite_for(opts, host))
-                    elif cmd.name == "help":
-                        lines.say("\n".join(f"  {c:<28} {what}" for c, what in HELP if c.split()[0][1:] not in SCREEN_ONLY))
-                    elif cmd.name == "save":
-                        lines.say(export(chat, cmd.value))
-                    else:
-                        lines.say(f"/{cmd.name} works on the chat screen only (sfchat host without --headless)")
-                    continue
-                lines.begin()
-                try:
-                    _, result = await chat.reply(text, drafter=drafter, params=answer.sampling(), policy=policy,
-                                                 max_new_tokens=answer.max_new_tokens,
-                                                 on_text=lambda d: (sys.stdout.write(d), sys.stdout.flush()))
-                except ValueError as e:  # a prompt past the context: refused, the chat goes on
-                    lines.end()
-                    lines.say(f"refused: {e}")
-                    continue
-                print(flush=True)
-                lines.end()
-                if chat.dropped:
-                    lines.say(f"(dropped the {chat.dropped} oldest message(s) to fit the model's context)")
-                if result.finish == "length":
-                    lines.say(length_note(answer.max_new_tokens, len(result.token_ids)).replace(
-                        "--max-new-tokens", "--max-new-tokens when starting the host"))
+                    if not await chat.command(text):
+                        break
+                elif text:
+                    await chat.reply(text)
+    return 0
+
+
+async def read_line() -> str | None:
+    """The next line typed at the prompt, stripped; None at the end of the input."""
+    sys.stderr.write("> ")
+    sys.stderr.flush()
+    line = await trio.to_thread.run_sync(sys.stdin.readline)
+    return line.strip() if line else None
+
+
+class HeadlessChat:
+    """The chat at the prompt: its conversation, its drafter, and how it answers (replaced, not changed, by /k and
+    /temp, each saved in the settings file)."""
+
+    def __init__(self, opts: RingOptions, ring, lines: Lines, drafter) -> None:
+        self.opts, self.ring, self.lines, self.drafter = opts, ring, lines, drafter
+        self.answer = opts.answer
+        self.settings = settings_mod.load()
+        self.chat = Chat(ring.host, ring.tokenizer, ring.eos)
+        self.policy = KPolicy(pinned=self.answer.k)
+
+    async def reply(self, text: str) -> None:
+        """The answer streamed to stdout; a prompt past the context is refused and the chat goes on."""
+        answer, lines = self.answer, self.lines
+        lines.begin()
+        try:
+            _, result = await self.chat.reply(text, drafter=self.drafter, params=answer.sampling(), policy=self.policy,
+                                              max_new_tokens=answer.max_new_tokens,
+                                              on_text=lambda d: (sys.stdout.write(d), sys.stdout.flush()))
+        except ValueError as e:
+            lines.end()
+            lines.say(f"refused: {e}")
+            return
+        print(flush=True)
+        lines.end()
+        if self.chat.dropped:
+            lines.say(f"(dropped the {self.chat.dropped} oldest message(s) to fit the model's context)")
+        if result.finish == "length":
+            lines.say(length_note(answer.max_new_tokens, len(result.token_ids)).replace(
+                "--max-new-tokens", "--max-new-tokens when starting the host"))
+
+    async def command(self, text: str) -> bool:
+        """A slash command, its reply said as a line; False for /quit."""
+        try:
+            cmd = parse(text)
+        except CommandError as e:
+            self.lines.say(str(e))
+            return True
+        if cmd.name == "quit":
+            return False
+        s, say = self.settings, self.lines.say
+        if cmd.name == "new":
+            await self.ring.host.drop(self.chat.rs)
+            self.chat = Chat(self.ring.host, self.ring.tokenizer, self.ring.eos)
+            say("New chat.")
+        elif cmd.name == "draft":
+            await self.set_draft(cmd.value)
+        elif cmd.name == "k":
+            s.k = cmd.value
+            self.answer = replace(self.answer, k=s.k_pinned)
+            self.policy.pinned = self.answer.k
+            say(f"K {s.k}; saved in {settings_mod.save(s)}")
+        elif cmd.name == "temp":
+            s.temperature = cmd.value
+            self.answer = replace(self.answer, temperature=cmd.value)
+            say(f"temperature {cmd.value:g}; saved in {settings_mod.save(s)}")
+        elif cmd.name == "invite":
+            say(invite_for(self.opts, self.ring.host))
+        elif cmd.name == "help":
+            say("\n".join(f"  {c:<28} {what}" for c, what in HELP if c.split()[0][1:] not in SCREEN_ONLY))
+        elif cmd.name == "save":
+            say(export(self.chat, cmd.value))
+        else:
+            say(f"/{cmd.name} works on the chat screen only (sfchat host without --headless)")
+        return True
+
+    async def set_draft(self, spec: str) -> None:
+        """/draft: a draft that does not load is said so, and not saved."""
+        try:
+            self.drafter = await new_drafter(spec, self.ring, say=self.lines.say)
+        except Exception as e:  # noqa: BLE001
+            self.lines.say(f"/draft: cannot use {spec}: {e}")
+            return
+        self.settings.draft = spec
+        self.answer = replace(self.answer, draft=self.settings.draft_spec)
+        self.lines.say(f"draft {self.drafter.name}; saved in {settings_mod.save(self.settings)}")
 
 
 def export(chat: Chat, target: str | None) -> str:

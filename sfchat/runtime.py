@@ -72,7 +72,16 @@ def invite_for(opts: RingOptions, host: Host) -> invite.Invite:
 
 
 async def new_drafter(spec: str | None, ring: Ring, say=say):
-    """The drafter `spec` names (--draft), for the ring's target model, loaded on a worker thread: a draft model
-    takes seconds to load, and the host's event loop keeps its members' heartbeats going meanwhile."""
-    return await trio.to_thread.run_sync(lambda: make_drafter(
-        spec, ring.host.model_dir, ring.host.config.vocab_size, ring.tokenizer, device=ring.host.device, say=say))
+    """The drafter `spec` names (--draft), for the ring's target model, in the host's dtype, loaded on a worker
+    thread: a draft model takes seconds to load, and the host's event loop keeps its members' heartbeats going
+    meanwhile. What its weights hold is counted in the host's plans from then on."""
+    from peers.memory import free_bytes
+    from peers.tensors import DTYPES
+
+    host = ring.host
+    hub_id = host.source.hub.repo_id if host.source.hub is not None else None
+    drafter = await trio.to_thread.run_sync(lambda: make_drafter(
+        spec, host.model_dir, host.config.vocab_size, ring.tokenizer, device=host.device, say=say,
+        dtype=DTYPES[host.dtype], hub_id=hub_id, room=free_bytes(host.device)))
+    host.planner.drafter_bytes = getattr(drafter, "bytes", 0)
+    return drafter

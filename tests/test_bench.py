@@ -37,3 +37,54 @@ def test_bench_runs_every_mode(tiny_llama, tmp_path):
         # one token a round without a draft; a speculative round commits its accepted drafts and one more
         assert r["tokens_per_round"] == 1.0 if r["mode"] in ("transformers", "ring") else r["tokens_per_round"] >= 1
         assert {"acceptance", "fraction_of_ceiling", "compute_ms_per_round"} <= r.keys()
+
+
+def test_simulated_draft_keeps_each_token_with_its_probability():
+    import pytest
+
+    from peers.drafting.simulated import SimulatedDrafter, parse_simulated
+    from peers.sampling import SamplingParams
+
+    ref = list(range(10, 2010))
+    d = SimulatedDrafter(0.6, 5000, [ref])
+    got, _ = d.propose(ref[:10], 1990, SamplingParams())
+    kept = [a == b for a, b in zip(got, ref[10:])]
+    assert len(got) == 1990 and 0.55 < sum(kept) / len(kept) < 0.65  # seeded: the same every run
+    assert d.propose(ref[:500], 3, SamplingParams())[0] == got[490:493]  # a position drafts the same token again
+    assert d.propose([1, 2, 3], 3, SamplingParams())[0] == []  # a context it has no answer for
+    assert d.name == "simulated acceptance 0.6" and parse_simulated("ngram") is None
+    assert parse_simulated("simulated:0.6,0.8") == [0.6, 0.8]
+    with pytest.raises(ValueError, match="temperature 0"):
+        d.propose(ref[:10], 3, SamplingParams(temperature=0.7))
+    with pytest.raises(ValueError, match="0..1"):
+        parse_simulated("simulated:1.5")
+
+
+def test_bench_with_a_simulated_draft_and_a_failing_mode(tiny_llama, tmp_path):
+    """tokens/round follows the simulated acceptance (all kept: K+1 a round; none: 1); a mode that fails (its draft
+    does not exist) says why in its row, and the other rows still print; each row is a line of progress as it ends."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the quick brown fox jumps over the lazy dog\n")
+    out = tmp_path / "bench.json"
+    p = sfchat("bench", "--model", str(tiny_llama), "--rtt-ms", "0", "--max-new-tokens", "16", "--runs", "1",
+               "--modes", "ring,ring-spec", "--k", "3", "--draft", "simulated:1,0", "--prompts", str(prompts),
+               "--json", str(out), timeout=180)
+    rows = {r.get("draft"): r for r in json.loads(out.read_text())["rows"]}
+    kept, none = rows["simulated acceptance 1"], rows["simulated acceptance 0"]
+    assert kept["mode"] == none["mode"] == "ring-spec" and "simulated acceptance 1" in p.stdout
+    assert kept["acceptance"] == 1.0 and kept["tokens_per_round"] >= 3.0
+    assert none["acceptance"] == 0.0 and none["tokens_per_round"] == 1.0
+    assert set(kept["pass_ms"]["host"]) == {"T=4"}  # K+1 positions a pass
+    p = sfchat("bench", "--model", str(tiny_llama), "--rtt-ms", "0", "--max-new-tokens", "4", "--runs", "1",
+               "--modes", "ring,ring-spec", "--draft", str(tmp_path / "no-such-draft"), "--prompts", str(prompts),
+               "--json", str(out), timeout=180)
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
+    assert "error" in rows["ring-spec"] and "no-such-draft" in rows["ring-spec"]["error"]
+    assert rows["ring"]["tokens_per_second"] > 0 and rows["ring"]["pass_ms"]["host"].keys() == {"T=1"}
+    assert "ring-spec" in p.stdout and "failed" in p.stdout
+    assert "bench: ring at 0 ms" in p.stderr and "bench: ring-spec" in p.stderr
+
+
+def test_simulated_draft_is_for_bench_only(tiny_llama):
+    p = sfchat("ask", "hi", "--model", str(tiny_llama), "--draft", "simulated:0.8", check=False, timeout=60)
+    assert p.returncode == 2 and "for `sfchat bench` only" in p.stderr

@@ -1,6 +1,7 @@
 """On an NVIDIA GPU (scripts/gpu_check; skipped elsewhere): the ring is exact against transformers on the same
 GPU in float32 and bfloat16, with CUDA graphs and without; a graph's replay equals the eager pass on every bucket
-and in every architecture; quantized spans are stored quantized on the device."""
+and in every architecture; quantized spans are stored quantized on the device; compiled drafts come and go
+proposing what the eager draft does."""
 import pytest
 import torch
 import trio
@@ -85,3 +86,34 @@ def test_a_graph_replay_equals_the_eager_pass_on_every_bucket(arch, tmp_path):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         assert not graphed.graphs.failed and set(slot.graphs) == set(GRAPH_BUCKETS)
         del s_graphed
+
+
+def test_graph_drafts_one_after_another_propose_as_the_eager_draft(tiny_llama):
+    """What crashed on torch < 2.13: a compiled draft, closed, then another (a bench row each), then a /draft
+    switch, every proposal asked from a new thread (as trio's workers do); each equals the eager draft's, and a
+    chat longer than the static cache goes on eagerly."""
+    import threading
+
+    from peers.chat import load_tokenizer
+    from peers.drafting import ModelDrafter, make_drafter
+    from peers.sampling import SamplingParams
+
+    def on_a_thread(fn, *a):
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", fn(*a)))
+        t.start()
+        t.join()
+        return out["r"]
+
+    greedy = SamplingParams()  # float32: compiled and eager kernels then agree to far below any logit gap here
+    eager = ModelDrafter(tiny_llama, 300, device="cuda", static=False)
+    contexts = [[5, 17, 42, 99 + i] + list(range(30, 30 + 3 * i)) for i in range(6)]
+    tok = load_tokenizer(tiny_llama)
+    drafters = [lambda: ModelDrafter(tiny_llama, 300, device="cuda", max_len=64)] * 2 + [
+        lambda: make_drafter(str(tiny_llama), tiny_llama, 300, tok, device="cuda")]
+    for make in drafters:
+        d = on_a_thread(make)
+        assert d.static and d.step is not d.model  # compiled, CUDA graphs
+        for ctx in contexts + [list(range(3, 90))]:  # the last one is past the 64-position static cache
+            assert on_a_thread(d.propose, ctx, 4, greedy)[0] == eager.propose(ctx, 4, greedy)[0], ctx
+        on_a_thread(d.close)

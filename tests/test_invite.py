@@ -154,7 +154,7 @@ def test_the_printed_invite_joins_from_another_machine(two_machines, tiny_llama)
 
 
 def test_the_relay_hint_never_names_a_wildcard():
-    from peers.relay import relay_hint
+    from sfchat.relay import relay_hint
 
     hint = relay_hint("0.0.0.0:7342")
     assert " host --relay " in hint and "0.0.0.0" not in hint and hint.endswith(":7342")

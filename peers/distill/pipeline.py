@@ -23,6 +23,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,115 +117,194 @@ def _plan(o: Options, work: Path, target_dir: Path, device: str) -> dict:
 
 
 def distill(o: Options, progress=lambda phase, done, total, note: None, say=print) -> dict:
-    """Run (or continue) a distillation; returns the exported draft's summary (also in OUT/distill.json)."""
-    target_dir = models.resolve(o.model, say=say)
-    device = o.device or default_device()
-    out = Path(o.out)
-    work = out / "work"
-    (work / "data").mkdir(parents=True, exist_ok=True)
-    (work / ".gitignore").write_text("*\n")  # data and checkpoints stay out of the repository
-    plan = _plan(o, work, target_dir, device)
-    state_path = work / "state.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else \
+    """Run (or continue) a distillation; returns the exported draft's summary (also in OUT/distill.json), or with
+    --data-only, before training, what the data holds."""
+    if o.reopen and o.shards is None:
+        raise ValueError("--reopen needs --shards: the number of shards the data is to grow to")
+    run = Run.open(o, say)
+    run.reopen()
+    _write_data(run, progress)  # 1. the target writes
+    data = _read_data(run, progress)
+    if o.data_only and run.state["vocab"] is None:
+        return _data_summary(run, data)
+    ids = _head_rows(run, data.samples)  # 2. the draft's head rows, and its initialisation
+    run.target = None  # training needs only the data and the target's files: free its memory
+    agreement = _agreement(run, ids, data.held_out)
+    model, opt = _draft(run, ids, agreement)
+    loss = _train(run, model, opt, data.samples, progress)  # 3. training
+    return _export(run, model, ids, data, loss, agreement)  # 4. export
+
+
+@dataclass
+class Run:
+    """One run of a distillation: its options, the target, and OUT/work (the plan, and how far each phase got)."""
+
+    o: Options
+    target_dir: Path
+    device: str
+    plan: dict
+    state: dict
+    tok: object
+    dtype: str  # the target's, for the shards this run writes
+    say: Callable = print
+    target: torch.nn.Module | None = None  # loaded only when a shard is to be written
+
+    @classmethod
+    def open(cls, o: Options, say) -> Run:
+        target_dir = models.resolve(o.model, say=say)
+        device = o.device or default_device()
+        work = Path(o.out) / "work"
+        (work / "data").mkdir(parents=True, exist_ok=True)
+        (work / ".gitignore").write_text("*\n")  # data and checkpoints stay out of the repository
+        plan = _plan(o, work, target_dir, device)
+        return cls(o, target_dir, device, plan, _state(work), load_tokenizer(target_dir),
+                   o.teacher_dtype or fast_dtype(device), say)
+
+    @property
+    def work(self) -> Path:
+        return Path(self.o.out) / "work"
+
+    def save_state(self) -> None:
+        _save(self.state, self.work / "state.json")
+
+    def reopen(self) -> None:
+        """--reopen: drop the trained draft, so that the head rows and the training are redone on all the data. Only
+        while more shards are asked for, so that the same command run again resumes the new training."""
+        if self.o.reopen and self.state["vocab"] is not None and self.o.shards > self.state["shards"]:
+            (self.work / "ckpt.pt").unlink(missing_ok=True)
+            self.state.update(vocab=None, step=0, train_s=0.0, agreement_init=None, legs=[])
+            self.save_state()
+            self.say(f"the data is open again at {self.state['shards']} shards; the draft trained on them is dropped "
+                     "and training starts over (the exported draft stays until then)")
+
+    def shard(self, split: str, index: int) -> Path:
+        """A shard of target-written samples, written now unless an earlier run did."""
+        path = self.work / "data" / f"{split}-{index:05d}.pt"
+        if path.is_file():
+            return path
+        if self.target is None:
+            from transformers import AutoModelForCausalLM
+
+            self.target = AutoModelForCausalLM.from_pretrained(self.target_dir, dtype=getattr(torch, self.dtype))
+            self.target = self.target.to(self.device).eval()
+        m, plan = self.target, self.plan
+        t0 = time.perf_counter()
+        samples = teacher.write_shard(m, self.tok, eos_ids(self.target_dir, m.config, self.tok), seed=plan["seed"],
+                                      split=split, index=index, batch=plan["batch"], max_new=plan["max_new"],
+                                      prompt_set=self.o.prompt_set)
+        _save([{k: v for k, v in s.items() if k != "text"} for s in samples], path)
+        if split == "train":  # a held-out shard is written in the dtype of the first run of its prompt set
+            self.state["dtypes"].append(self.dtype)
+            self.state["prompt_sets"].append(self.o.prompt_set)
+        self.state["data_s"] += time.perf_counter() - t0
+        self.save_state()
+        return path
+
+    def reproduce(self, legs: list[int]) -> str:
+        kinds = list(zip(self.state["dtypes"], self.state["prompt_sets"]))
+        return reproduce(Path(self.o.out), self.o.model or models.DEFAULT_MODEL, self.plan, kinds, legs)
+
+
+def _state(work: Path) -> dict:
+    """How far each phase got (state.json), with what older runs did not record filled in."""
+    path = work / "state.json"
+    state = json.loads(path.read_text()) if path.is_file() else \
         {"shards": 0, "data_s": 0.0, "vocab": None, "step": 0, "train_s": 0.0, "agreement_init": None}
     state.setdefault("dtypes", ["float32"] * state["shards"])  # runs before --teacher-dtype wrote float32
     state.setdefault("prompt_sets", ["templates"] * state["shards"])  # and before --prompts, templates
     state.setdefault("legs", [state["step"]] if state["step"] else [])  # and before legs, one --steps run
-    if o.reopen and o.shards is None:
-        raise ValueError("--reopen needs --shards: the number of shards the data is to grow to")
-    # only while more shards are asked for, so that the same command run again resumes the new training
-    if o.reopen and state["vocab"] is not None and o.shards > state["shards"]:  # head rows come from all the data
-        (work / "ckpt.pt").unlink(missing_ok=True)
-        state.update(vocab=None, step=0, train_s=0.0, agreement_init=None, legs=[])
-        _save(state, state_path)
-        say(f"the data is open again at {state['shards']} shards; the draft trained on them is dropped and "
-            "training starts over (the exported draft stays until then)")
-    dtype = o.teacher_dtype or fast_dtype(device)
-    tok = load_tokenizer(target_dir)
-    seed = plan["seed"]
-    target = None
+    return state
 
-    def kinds():
-        return list(zip(state["dtypes"], state["prompt_sets"]))
 
-    def load_target():
-        nonlocal target
-        if target is None:
-            from transformers import AutoModelForCausalLM
-
-            target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=getattr(torch, dtype)).to(device).eval()
-        return target
-
-    def shard(split: str, index: int) -> Path:
-        path = work / "data" / f"{split}-{index:05d}.pt"
-        if not path.is_file():
-            m = load_target()
-            t0 = time.perf_counter()
-            samples = teacher.write_shard(m, tok, eos_ids(target_dir, m.config, tok), seed=seed, split=split,
-                                          index=index, batch=plan["batch"], max_new=plan["max_new"],
-                                          prompt_set=o.prompt_set)
-            _save([{k: v for k, v in s.items() if k != "text"} for s in samples], path)
-            if split == "train":  # a held-out shard is written in the dtype of the first run of its prompt set
-                state["dtypes"].append(dtype)
-                state["prompt_sets"].append(o.prompt_set)
-            state["data_s"] += time.perf_counter() - t0
-            _save(state, state_path)
-        return path
-
-    # 1. the target writes: a held-out shard (topics never trained on), then training shards
+def _write_data(run: Run, progress) -> None:
+    """A held-out shard (topics never trained on), then training shards up to --shards or the data's share of the
+    budget. Once training has begun the data is closed."""
+    o, state = run.o, run.state
     data_budget = o.minutes * 60 * o.data_share
     if state["vocab"] is None:
-        shard("eval", teacher.PROMPT_SETS.index(o.prompt_set))
+        run.shard("eval", teacher.PROMPT_SETS.index(o.prompt_set))
     while state["vocab"] is None and (state["shards"] < o.shards if o.shards is not None
                                       else state["shards"] == 0 or state["data_s"] < data_budget):
         progress("data", *((state["shards"], o.shards) if o.shards is not None else (state["data_s"], data_budget)),
                  f"shard {state['shards'] + 1}")
-        shard("train", state["shards"])
+        run.shard("train", state["shards"])
         state["shards"] += 1
-        _save(state, state_path)
+        run.save_state()
     if state["vocab"] is not None and o.shards is not None and o.shards != state["shards"]:
-        say(f"the data was fixed at {state['shards']} shards when training began; --shards {o.shards} is ignored "
-            "(--reopen adds shards and trains again from the start)")
-    samples = [s for i in range(state["shards"]) for s in torch.load(work / "data" / f"train-{i:05d}.pt")]
-    held_out = held_out_samples(work)
-    written = sum(len(s["ids"]) - s["start"] for s in samples)
-    progress("data", 1, 1, f"{state['shards']} shards, {written:,} target-written tokens")
-    model_name = o.model or models.DEFAULT_MODEL
-    if o.data_only and state["vocab"] is None:
-        return {"target": target_dir.name, "shards": state["shards"], "written_tokens": written,
-                "data_minutes": round(state["data_s"] / 60, 2), "dtypes": state["dtypes"],
-                "prompt_sets": state["prompt_sets"], "reproduce": reproduce(out, model_name, plan, kinds(), [])}
+        run.say(f"the data was fixed at {state['shards']} shards when training began; --shards {o.shards} is "
+                "ignored (--reopen adds shards and trains again from the start)")
 
-    # 2. the draft's head rows (fixed from here on: the data is closed) and its initialisation
-    vocab_size = load_config(target_dir).vocab_size
-    if state["vocab"] is None:
+
+@dataclass
+class Data:
+    samples: list[dict]  # the training shards'
+    held_out: list[dict]
+    written: int  # target-written tokens in the training samples
+
+
+def _read_data(run: Run, progress) -> Data:
+    samples = [s for i in range(run.state["shards"]) for s in torch.load(run.work / "data" / f"train-{i:05d}.pt")]
+    written = sum(len(s["ids"]) - s["start"] for s in samples)
+    progress("data", 1, 1, f"{run.state['shards']} shards, {written:,} target-written tokens")
+    return Data(samples, held_out_samples(run.work), written)
+
+
+def _data_summary(run: Run, data: Data) -> dict:
+    state = run.state
+    return {"target": run.target_dir.name, "shards": state["shards"], "written_tokens": data.written,
+            "data_minutes": round(state["data_s"] / 60, 2), "dtypes": state["dtypes"],
+            "prompt_sets": state["prompt_sets"], "reproduce": run.reproduce([])}
+
+
+def _head_rows(run: Run, samples: list[dict]) -> list[int]:
+    """The target ids the draft's head has rows for: the most frequent in the data, and every end-of-sequence or
+    special token. Chosen when training begins, fixed from then on (the data is closed)."""
+    if run.state["vocab"] is None:
+        vocab_size = load_config(run.target_dir).vocab_size
         counts = torch.bincount(torch.cat([s["ids"][s["start"]:].long() for s in samples]), minlength=vocab_size)
-        always = {i for i in eos_ids(target_dir, load_config(target_dir), tok) | set(tok.all_special_ids)
-                  if i < vocab_size}
-        state["vocab"] = weights.choose_vocab(counts, plan["vocab"], always)
-        _save(state, state_path)
-    ids = state["vocab"]
-    to_row = torch.full((vocab_size,), -1, dtype=torch.long)  # target id -> head row (-1: not in the head)
-    to_row[torch.tensor(ids)] = torch.arange(len(ids))
-    head = feature_net.target_head(target_dir)  # the full head: the target's own greedy choice, for agreement
-    target = None  # training needs only the data and the target's files: free its memory
-    ckpt = work / "ckpt.pt"
+        special = eos_ids(run.target_dir, load_config(run.target_dir), run.tok) | set(run.tok.all_special_ids)
+        always = {i for i in special if i < vocab_size}
+        run.state["vocab"] = weights.choose_vocab(counts, run.plan["vocab"], always)
+        run.save_state()
+    return run.state["vocab"]
+
+
+def _agreement(run: Run, ids: list[int], held_out: list[dict]):
+    """How often a draft's top token is the target's own greedy choice on the held-out data (train.agreement)."""
+    to_row = torch.full((load_config(run.target_dir).vocab_size,), -1, dtype=torch.long)  # target id -> head row
+    to_row[torch.tensor(ids)] = torch.arange(len(ids))  # (-1: not in the head)
+    head = feature_net.target_head(run.target_dir)  # the full head: the target's own greedy choice
+    return lambda model: train.agreement(model, held_out, head, to_row, run.device)
+
+
+def _draft(run: Run, ids: list[int], agreement) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The draft and its optimizer: from the checkpoint, or initialised from the target's last layers (with its
+    agreement before any training)."""
+    ckpt = run.work / "ckpt.pt"
     if ckpt.is_file():
         saved = torch.load(ckpt, map_location="cpu")  # a run may move between a GPU and a CPU machine
-        model = feature_net.build(target_dir, weights.body_config(target_dir, plan["layers"]), ids, saved["model"])
-        model.to(device)
+        model = feature_net.build(run.target_dir, weights.body_config(run.target_dir, run.plan["layers"]), ids,
+                                  saved["model"])
+        model.to(run.device)
         opt = train.optimizer(model)
         opt.load_state_dict(saved["opt"])
-    else:
-        model = weights.init_draft(target_dir, ids, plan["layers"], seed).to(device)
-        opt = train.optimizer(model)
-        state["agreement_init"] = train.agreement(model, held_out, head, to_row, device)
+        return model, opt
+    model = weights.init_draft(run.target_dir, ids, run.plan["layers"], run.plan["seed"]).to(run.device)
+    opt = train.optimizer(model)
+    run.state["agreement_init"] = agreement(model)
+    return model, opt
+
+
+def _train(run: Run, model, opt, samples: list[dict], progress) -> float:
+    """Train to --steps or to the end of the budget; returns the last step's loss (nan: none). The draft and its
+    optimizer are saved every minute and when training stops, however it stops (unless Ctrl-C cut a step in
+    half): the next run continues from there."""
+    o, state = run.o, run.state
 
     def checkpoint():
-        _save({"model": weights.own_state(model), "opt": opt.state_dict()}, ckpt)
-        _save(state, state_path)
+        _save({"model": weights.own_state(model), "opt": opt.state_dict()}, run.work / "ckpt.pt")
+        run.save_state()
 
-    # 3. training
     train_budget = max(o.minutes * 60 - state["data_s"], 0.0)
     done = (lambda: state["step"] >= o.steps) if o.steps is not None else (lambda: state["train_s"] >= train_budget)
     if o.steps is not None and state["step"] < o.steps and state["legs"][-1:] != [o.steps]:
@@ -234,7 +314,7 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
         while not done():
             t0 = time.perf_counter()
             between_steps = False
-            loss = train.step(model, opt, samples, seed, state["step"], device, o.steps)
+            loss = train.step(model, opt, samples, run.plan["seed"], state["step"], run.device, o.steps)
             state["step"] += 1
             state["train_s"] += time.perf_counter() - t0
             between_steps = True
@@ -243,22 +323,26 @@ def distill(o: Options, progress=lambda phase, done, total, note: None, say=prin
             if time.monotonic() - last_save > CHECKPOINT_EVERY_S:
                 checkpoint()
                 last_save = time.monotonic()
-    finally:  # also on Ctrl-C (unless it cut a step in half): the next run continues from here
+    finally:  # also on Ctrl-C (unless it cut a step in half)
         if between_steps:
             checkpoint()
+    return loss
 
-    # 4. export
-    summary = {"target": target_dir.name, "target_config": plan["target_config"],
-               "tokenizer": feature_net.tokenizer_fingerprint(tok), **{k: plan[k] for k in RECIPE},
-               "shards": state["shards"], "steps": state["step"], "written_tokens": written,
+
+def _export(run: Run, model, ids: list[int], data: Data, loss: float, agreement) -> dict:
+    """The draft into OUT, with its summary: what it was made from and how, how well it agrees with its target,
+    and the commands that make it again."""
+    plan, state = run.plan, run.state
+    summary = {"target": run.target_dir.name, "target_config": plan["target_config"],
+               "tokenizer": feature_net.tokenizer_fingerprint(run.tok), **{k: plan[k] for k in RECIPE},
+               "shards": state["shards"], "steps": state["step"], "written_tokens": data.written,
                "data_minutes": round(state["data_s"] / 60, 2), "train_minutes": round(state["train_s"] / 60, 2),
-               "device": device, "agreement_init": [round(a, 4) for a in state["agreement_init"]],
-               "agreement": [round(a, 4) for a in train.agreement(model, held_out, head, to_row, device)],
+               "device": run.device, "agreement_init": [round(a, 4) for a in state["agreement_init"]],
+               "agreement": [round(a, 4) for a in agreement(model)],
                "loss": None if math.isnan(loss) else round(loss, 4)}
     summary["teacher_dtypes"] = {d: state["dtypes"].count(d) for d in dict.fromkeys(state["dtypes"])}
     summary["prompt_sets"] = {p: state["prompt_sets"].count(p) for p in dict.fromkeys(state["prompt_sets"])}
     # an interrupted leg is named whole: its command finishes it; a time-budget run is named by its steps
-    summary["reproduce"] = reproduce(out, model_name, plan, kinds(), state["legs"] or [state["step"]])
-    weights.save_draft(model, ids, out, summary)
+    summary["reproduce"] = run.reproduce(state["legs"] or [state["step"]])
+    weights.save_draft(model, ids, Path(run.o.out), summary)
     return summary
-

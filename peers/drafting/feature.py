@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from .. import tree
 from ..fingerprint import config_fingerprint
-from ..models import ModelError
+from ..errors import ModelError
 from ..sampling import SamplingParams, draw, position_generator
 from ..shard import load_config, rollback_cache
 from ..threads import torch_threads

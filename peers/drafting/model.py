@@ -1,6 +1,8 @@
 """A stand-alone draft model of the target's family, with its own KV cache."""
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -10,16 +12,50 @@ import torch
 from ..sampling import draw, pad_vocab, position_generator
 from .base import Drafter, common_prefix
 
+log = logging.getLogger("peers.drafting")
+STATIC_LEN = 4096  # positions in a static draft cache; past them the draft goes on eagerly
+
+_graph_thread: ThreadPoolExecutor | None = None
+_graph_lock = threading.Lock()
+
+
+def graph_thread() -> ThreadPoolExecutor:
+    """The one thread of this process that compiles, captures, replays and resets draft graphs. Never shut down:
+    before torch 2.13 CUDA-graph trees keep their state on the thread that first used them (pytorch#123177), so
+    a second thread (a new drafter's, after a /draft switch) fails an assertion in cudagraph_trees."""
+    global _graph_thread
+    with _graph_lock:
+        if _graph_thread is None:
+            _graph_thread = ThreadPoolExecutor(1, thread_name_prefix="draft-graph", initializer=_own_graph_state)
+        return _graph_thread
+
+
+def _own_graph_state() -> None:
+    """On the graph thread, first: import CUDA-graph trees here, so that this thread owns their state. Where they
+    were imported on another thread already (torch < 2.13 then sets their state up for that thread alone), set
+    it up for this one as the import does."""
+    if not torch.cuda.is_available():
+        return
+    from collections import defaultdict
+
+    from torch._inductor import cudagraph_trees as trees
+
+    if hasattr(trees, "_initialize_tls") or hasattr(trees.local, "tree_manager_containers") \
+            or torch._C._is_key_in_tls("tree_manager_containers"):
+        return  # torch 2.13+ sets each thread up itself, or this thread has it
+    trees.local.tree_manager_containers = {}
+    trees.local.tree_manager_locks = defaultdict(threading.Lock)
+    torch._C._stash_obj_in_tls("tree_manager_containers", trees.local.tree_manager_containers)
+    torch._C._stash_obj_in_tls("tree_manager_locks", trees.local.tree_manager_locks)
+
 
 class ModelDrafter(Drafter):
     """A small causal LM with its own KV cache. The cache follows the context by longest common prefix, so a
     rejected branch is cropped away and, after a fully accepted round, the last drafted token is processed too."""
 
     def __init__(self, model_dir: Path, target_vocab: int, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                 name: str | None = None, static: bool | None = None, max_len: int = 4096, model=None):
+                 name: str | None = None, static: bool | None = None, max_len: int = STATIC_LEN, model=None):
         from transformers import AutoModelForCausalLM, StaticCache
-
-        from ..shard import rollback_cache
 
         # `model`: one already built (a distilled draft is assembled from its own and its target's tensors)
         model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
@@ -33,43 +69,65 @@ class ModelDrafter(Drafter):
         # On CUDA one-token steps dominate and Python kernel launches dominate them: a static cache (fixed
         # addresses; crop just moves its length back) lets torch.compile capture each step as a CUDA graph.
         self.max_len = min(max_len, getattr(cfg, "max_position_embeddings", max_len))
-        self.cache = StaticCache(config=cfg, max_cache_len=self.max_len) if self.static else rollback_cache(cfg)
+        self.cache = StaticCache(config=cfg, max_cache_len=self.max_len) if self.static else self._eager_cache()
         self.step = self.model
         if self.static and str(device).startswith("cuda"):
             self.step = torch.compile(self.model, mode="reduce-overhead", fullgraph=False)
-        # a CUDA graph is captured and replayed by one thread (pytorch#123177), and trio's worker threads are
-        # many: every step of a static draft runs on a thread of its own
-        self.graph_thread = ThreadPoolExecutor(1, thread_name_prefix="draft-graph") if self.static else None
+        self.lent = False  # a fork (a served conversation) drafts on this very cache and graph (see fork)
         self.seen: list[int] = []  # tokens whose keys and values are in self.cache
         self.next_logits: torch.Tensor | None = None  # logits after the last token of self.seen
 
-    def fork(self) -> "ModelDrafter":
-        # eager, on a cache of its own: compiling and capturing graphs again for every conversation costs more
-        # than a short answer gains from them
+    @property
+    def bytes(self) -> int:
+        """What its weights hold (counted in the host's plan)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def _eager_cache(self):
+        from ..shard import rollback_cache
+
+        return rollback_cache(self.model.config)
+
+    def fork(self) -> Drafter:
+        # The first conversation drafts on this drafter itself (its graphs: capturing them again per conversation
+        # costs more than a short answer gains); one beside it gets an eager copy on a cache of its own.
+        if self.static and not self.lent:
+            self.lent = True
+            return Lent(self)
         return ModelDrafter(None, self.target_vocab, device=self.device, name=self.name, static=False,
                             max_len=self.max_len, model=self.model)
 
     def close(self) -> None:
-        if self.graph_thread is not None:
-            self.graph_thread.shutdown()
         if self.step is not self.model:
-            # compiled code stays cached, holding the model and its graphs' memory pool, until dynamo forgets it
-            torch._dynamo.reset()
-            self.step = self.model
-            if str(self.device).startswith("cuda"):
-                torch.cuda.empty_cache()
+            # compiled code stays cached, holding the model and its graphs' memory pool, until dynamo forgets it;
+            # on the graph thread, where the graphs were captured
+            graph_thread().submit(self._forget_graphs).result()
+
+    def _forget_graphs(self) -> None:
+        torch._dynamo.reset()
+        self.step = self.model
+        if str(self.device).startswith("cuda"):
+            torch.cuda.empty_cache()
 
     def _reset(self) -> None:
         self.cache.crop(-len(self.seen)) if self.seen else None
         self.seen, self.next_logits = [], None
 
+    def _go_eager(self) -> None:
+        """Past the static cache's end: on with an eager cache that grows, the graphs no longer used."""
+        log.warning("the draft's context passed its static cache (%d positions): drafting eagerly from here",
+                    self.max_len)
+        self.static, self.step, self.cache = False, self.model, self._eager_cache()
+        seen, self.seen = self.seen, []
+        if seen:
+            self._feed(seen)
+
     @torch.inference_mode()
     def _feed(self, tokens: list[int]) -> None:
         # an id only the target has (its padded rows) has no embedding here: the draft reads it as id 0
+        if self.static and len(self.seen) + len(tokens) > self.max_len:
+            self._go_eager()
         v = self.draft_vocab
         ids = torch.tensor([[t if t < v else 0 for t in tokens]], device=self.device)
-        if self.static and len(self.seen) + len(tokens) > self.max_len:
-            raise ValueError(f"the draft's static cache holds {self.max_len} positions")
         run = self.step if len(tokens) == 1 else self.model  # prefills vary in shape: not worth a graph
         out = run(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
         self.seen += tokens
@@ -84,15 +142,17 @@ class ModelDrafter(Drafter):
             self.seen = self.seen[:common]
         self._feed(context[common:])
 
+    def _on_graph_thread(self, fn, *a):
+        # a CUDA graph is captured and replayed by one thread, and trio's worker threads are many
+        if self.step is self.model and not self.static:
+            return fn(*a)
+        return graph_thread().submit(fn, *a).result()
+
     def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
-        if self.graph_thread is None:
-            return self._propose(context, n, params, stop)
-        return self.graph_thread.submit(self._propose, context, n, params, stop).result()
+        return self._on_graph_thread(self._propose, context, n, params, stop)
 
     def reset(self) -> None:
-        if self.graph_thread is None:
-            return self._reset()
-        return self.graph_thread.submit(self._reset).result()
+        return self._on_graph_thread(self._reset)
 
     @torch.inference_mode()
     def _propose(self, context, n, params, stop):
@@ -118,10 +178,36 @@ class ModelDrafter(Drafter):
         return tokens, (torch.stack(qs) if qs else None)
 
 
+class Lent:
+    """A served conversation's handle on its server's static drafter: every call goes to that drafter; closing
+    the handle (the answer is done) lends it to the next conversation."""
+
+    def __init__(self, owner: ModelDrafter):
+        self.owner = owner
+
+    def __getattr__(self, name):  # name, ms_per_token, confident, …: the owner's
+        return getattr(self.owner, name)
+
+    def observe(self, start, ids, feats) -> None:
+        pass
+
+    def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
+        return self.owner.propose(context, n, params, stop)
+
+    def reset(self) -> None:
+        return self.owner.reset()
+
+    def fork(self) -> Drafter:
+        return self.owner.fork()
+
+    def close(self) -> None:
+        self.owner.lent = False
+
+
 def check_same_tokenizer(target_tok, draft_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from ..models import ModelError
+    from ..errors import ModelError
 
     draft_tok = AutoTokenizer.from_pretrained(draft_dir)
     probe = "Hello, world! 1234 def f(x): return x**2 — ünïcödé 你好"

@@ -131,12 +131,15 @@ class Conversations:
                 if piece := stops.push(text.push(ev["new"])):
                     emit(piece)
 
+        drafter = self.drafter.fork()  # (a static draft lends itself, graphs and all, to one answer at a time)
         try:
-            result = await generate(self.host, rs, list(job.prompt), drafter=self.drafter.fork(), params=job.params,
+            result = await generate(self.host, rs, list(job.prompt), drafter=drafter, params=job.params,
                                     policy=self.policy, max_new_tokens=job.max_new, eos=self.eos, on_round=on_round,
                                     should_stop=lambda: stops.hit)
         except RingError as e:
             raise ApiError(503, f"the ring failed: {e}", code="ring_failed") from None
+        finally:
+            drafter.close()
         # what the stream held back (a character half decoded when the answer ended) goes out as the full decode has it
         full = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         if tail := stops.push(full[len(text.text):]) + stops.flush():

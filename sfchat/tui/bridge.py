@@ -22,6 +22,7 @@ from sfchat.join import join_ring
 from sfchat.options import AnswerOptions, JoinOptions, RingOptions
 from sfchat.runtime import build_host, invite_for, new_drafter, open_ring
 from sfchat.serve.command import serving_beside
+from sfchat.user_errors import user_error
 
 from .messages import (AnswerDelta, AnswerDone, AnswerFailed, DraftChecked, Ended, EngineFailed, LogLine, PeerChanged,
                        Ready, Recovering, RingChanged, RoundDone, Status)
@@ -30,8 +31,6 @@ log = logging.getLogger("sfchat.tui")
 
 
 def describe(e: BaseException) -> str:
-    from sfchat.cli import user_error
-
     err = user_error(e) or e
     return str(err) or type(err).__name__
 
@@ -197,8 +196,10 @@ class Engine(Worker):
 
     async def _use_drafter(self, spec: str | None) -> None:
         if spec != self.draft_spec:
-            self.drafter = await new_drafter(spec, self.ring, say=self._say)
+            old, self.drafter = self.drafter, await new_drafter(spec, self.ring, say=self._say)
             self.draft_spec = spec
+            if old is not None:
+                await trio.to_thread.run_sync(old.close)  # its compiled graphs and their memory
 
     async def _check_draft(self, spec: str) -> None:
         try:
