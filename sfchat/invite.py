@@ -117,7 +117,7 @@ def program() -> str:
         return "sfchat"
     if argv0 is not None and argv0.name == "sfchat" and os.access(argv0, os.X_OK):
         return shlex.quote(str(argv0.resolve()))
-    return f"{shlex.quote(sys.executable)} -m sfchat"
+    return f"{shlex.quote(sys.executable)} -P -m sfchat"  # -P: not a folder named sfchat here
 
 
 def command(address: str, token: str, tls_fingerprint: str = "") -> str:

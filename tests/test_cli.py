@@ -1,6 +1,7 @@
 """The command line as a user meets it: help, one-line refusals, exit codes, what lands on stdout and stderr."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -77,6 +78,20 @@ def test_ask_with_local_peers_ends_quietly_and_marks_a_cut_answer(tiny_llama):
                "--draft", "none")
     assert "WARNING" not in p.stderr and "lost" not in p.stderr, p.stderr  # the members leave because we end
     assert "the length limit, 5 tokens; raise it with --max-new-tokens" in p.stderr
+
+
+def test_local_peers_run_the_installed_sfchat_whatever_folder_they_start_in(tiny_llama, tmp_path):
+    """A clone (or any folder) named sfchat or peers in the current directory is not what a local peer imports."""
+    for name in ("sfchat", "peers"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("raise ImportError('the folder in the current directory')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed package, as a user runs it
+    p = subprocess.run([os.path.join(os.path.dirname(sys.executable), "sfchat"), "ask", "hello world", "--json",
+                        "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "3", "--draft", "none"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    members = json.loads(p.stdout.splitlines()[-1])["stats"]["members"]
+    assert [(m["name"], m["state"]) for m in members] == [("host", "ready"), ("local-a", "ready")], p.stdout
 
 
 def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):

@@ -54,7 +54,7 @@ def test_invite_lines_and_the_command_that_runs_here(monkeypatch):
     # the program: bare `sfchat` only when that is what PATH runs; else the command that started this one
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.setattr(sys, "argv", [str(ROOT / "sfchat" / "__main__.py")])
-    assert invite.program() == f"{shlex.quote(sys.executable)} -m sfchat"
+    assert invite.program() == f"{shlex.quote(sys.executable)} -P -m sfchat"
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/local/bin/sfchat")
     assert invite.program() == "sfchat"
 
