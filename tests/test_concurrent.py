@@ -6,8 +6,10 @@ import trio
 
 from helpers import greedy_reply, running_ring
 from peers.chat import eos_ids, load_tokenizer
+from peers.adaptive import KPolicy
 from peers.drafting import Drafter
 from peers.pass_gate import PassGate
+from peers.sampling import SamplingParams
 from sfchat.serve.conversations import Conversations
 from sfchat.serve.errors import ApiError
 
@@ -99,3 +101,47 @@ def test_a_request_during_a_long_replan_is_a_503_and_the_next_one_waits_it_out(t
                 assert released.is_set() and not host.planner.gate.replanning
 
     trio.run(main)
+
+
+def test_a_long_prompt_takes_turns_with_an_answer_under_way(tiny_llama):
+    """A short answer under way when a long prompt arrives ends before that prompt's prefill does: the prompt goes
+    in chunks, each followed by a round of the answer, and its own answer is what it is alone."""
+    from helpers import new_chat
+    from peers.turns import SHARED_CHUNK
+
+    long_prompt = "the quick brown fox jumps over the lazy dog " * 13  # about 420 tokens here
+    short_new = 4
+
+    async def main() -> tuple[list[str], list[int], list[int]]:
+        async with running_ring(tiny_llama, 1) as (host, _):
+            alone = await greedy_reply(host, long_prompt, 3)
+            events, under_way = [], trio.Event()
+            together = []
+
+            async def short() -> None:
+                _, r = await new_chat(host).reply("hi", drafter=Drafter(), params=SamplingParams(),
+                                                  policy=KPolicy(), max_new_tokens=short_new,
+                                                  on_round=lambda ev: under_way.set())
+                events.append(("short answered", len(r.token_ids)))
+
+            async def long() -> None:
+                await under_way.wait()
+                chat = new_chat(host)
+                assert len(chat.tokenizer(long_prompt)["input_ids"]) > (short_new + 1) * SHARED_CHUNK
+
+                def on_round(ev: dict) -> None:
+                    if not together:
+                        events.append(("long prefilled", 0))
+                    together.extend(ev["new"])
+
+                await chat.reply(long_prompt, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                 max_new_tokens=3, on_round=on_round)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(short)
+                n.start_soon(long)
+        return events, alone, together
+
+    events, alone, together = trio.run(main)
+    assert events == [("short answered", short_new), ("long prefilled", 0)]
+    assert together == alone
