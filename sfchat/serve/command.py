@@ -25,7 +25,7 @@ async def start(nursery: trio.Nursery, ring: Ring, drafter, opts: RingOptions,
     """Serve the endpoint opts.serve in `nursery` (the host's own loop); returns its conversations and URL."""
     serve = opts.serve
     conv = Conversations(ring.host, ring.tokenizer, ring.eos, drafter, limit=serve.max_conversations,
-                         on_change=on_change)
+                         on_change=on_change, answer=opts.answer)
     binds = await nursery.start(lambda task_status: serve_api(
         conv, serve.listen, api_key=serve.api_key, insecure_no_key=serve.insecure_no_key,
         keepalive_s=serve.keep_alive_s, task_status=task_status))
