@@ -144,6 +144,14 @@ class Invite:
         return "\n  ".join(self.lines())
 
 
+def listening(host) -> str:
+    """What a serving host listens on, as bound: a wildcard stays one (the invite names the reachable addresses)."""
+    name = parse_addr(host.listen)[0]
+    if name in WILDCARDS:
+        return f"{name or '0.0.0.0'}:{host.port} (every network interface)"
+    return with_port(name, host.port)
+
+
 def for_host(host, advertise: str | None = None, addresses: list[str] | None = None) -> Invite:
     """The invite of a serving peers.host.Host (its port known)."""
     fp = host.tls.fingerprint if host.tls.enabled else ""

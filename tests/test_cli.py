@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -106,6 +107,13 @@ def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):
             assert len(host.ring) == 1  # it joined all the same
 
     trio.run(main)
+
+
+def test_a_host_on_every_interface_says_so(tiny_llama):
+    p = sfchat("host", "--headless", "--model", str(tiny_llama), "--listen", "0.0.0.0:0", input="/quit\n")
+    head = next(line for line in p.stderr.splitlines() if line.startswith("sfchat host on "))
+    assert re.fullmatch(r"sfchat host on 0\.0\.0\.0:\d+ \(every network interface\)\. On each other machine run:",
+                        head), head
 
 
 def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_path):

@@ -10,6 +10,8 @@ from sfchat.runtime import Ring, build_host, invite_for, new_drafter, open_ring,
 
 from peers.channel import parse_addr
 
+from sfchat.invite import listening
+
 from .auth import check_exposure
 from .conversations import Conversations
 from .server import serve_api
@@ -56,5 +58,5 @@ async def serve_command(opts: RingOptions) -> int:
         async with trio.open_nursery() as nursery:
             conv, url = await start(nursery, ring, drafter, opts)
             say(f"sfchat serving {host.source.name} at {url}/v1 (up to {conv.limit} conversations at once)")
-            say(f"ring on {host.address}. On each other machine run:\n  {invite_for(opts, host)}")
+            say(f"ring on {listening(host)}. On each other machine run:\n  {invite_for(opts, host)}")
     return 0
