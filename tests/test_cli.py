@@ -220,7 +220,7 @@ def test_the_default_model_is_fetched_before_the_chat_screen(tmp_path):
 
 @pytest.mark.parametrize("local_bin_on_path", [True, False])
 def test_set_up_leaves_a_runnable_sfchat(tmp_path, local_bin_on_path):
-    """scripts/launcher (run by scripts/chat and scripts/test after installing): `sfchat` runs from a fresh
+    """scripts/launcher (run by scripts/setup, so by scripts/chat and scripts/test, after installing): `sfchat` runs from a fresh
     shell, through ~/.local/bin when that is on PATH, else through the one line it prints."""
     checkout = tmp_path / "checkout"
     (checkout / "scripts").mkdir(parents=True)
@@ -235,5 +235,6 @@ def test_set_up_leaves_a_runnable_sfchat(tmp_path, local_bin_on_path):
     line = "" if local_bin_on_path else next(x.strip() for x in said.splitlines() if x.strip().startswith("export"))
     fresh = subprocess.run(["bash", "-c", f"{line}\nsfchat --version"], env=env, capture_output=True, text=True)
     assert fresh.returncode == 0 and fresh.stdout.strip() == f"sfchat {__version__}", said + fresh.stderr
+    assert "bash scripts/launcher" in (ROOT / "scripts" / "setup").read_text()
     for script in ("chat", "test"):
-        assert "bash scripts/launcher" in (ROOT / "scripts" / script).read_text()
+        assert "bash scripts/setup" in (ROOT / "scripts" / script).read_text()
