@@ -50,7 +50,8 @@ class Turns:
         self._notify()
         try:
             with trio.move_on_after(WAIT_AT_MOST_S):
-                while not stop() and any(self.passes.get(k, n) < n and k not in self.yielding for k, n in owed.items()):
+                while not stop() and any(self.passes.get(k, due) < due and k not in self.yielding
+                                         for k, due in owed.items()):
                     with trio.move_on_after(0.1):  # stop() is polled: a re-plan does not notify us
                         await self._changed.wait()
         finally:

@@ -148,9 +148,8 @@ class Invite:
 def listening(host) -> str:
     """What a serving host listens on, as bound: a wildcard stays one (the invite names the reachable addresses)."""
     name = parse_addr(host.listen)[0]
-    if name in WILDCARDS:
-        return f"{name or '0.0.0.0'}:{host.port} (every network interface)"
-    return with_port(name, host.port)
+    where = " (every network interface)" if name in WILDCARDS else ""
+    return with_port(name or "0.0.0.0", host.port) + where
 
 
 def for_host(host, advertise: str | None = None, addresses: list[str] | None = None,
