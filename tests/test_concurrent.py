@@ -112,36 +112,40 @@ def test_a_long_prompt_takes_turns_with_an_answer_under_way(tiny_llama):
     long_prompt = "the quick brown fox jumps over the lazy dog " * 13  # about 420 tokens here
     short_new = 4
 
-    async def main() -> tuple[list[str], list[int], list[int]]:
+    async def main():
         async with running_ring(tiny_llama, 1) as (host, _):
             alone = await greedy_reply(host, long_prompt, 3)
-            events, under_way = [], trio.Event()
-            together = []
+            events, under_way, together, long_read = [], trio.Event(), [], []
+            short_chat, long_chat = new_chat(host), new_chat(host)  # tokenizers loaded before either starts
+            n_long = len(long_chat.tokenizer(long_prompt)["input_ids"])
+            assert n_long > (short_new + 1) * SHARED_CHUNK
+
+            def on_short_round(ev: dict) -> None:
+                long_read.append(long_chat.rs.filled)  # how much of the long prompt the ring holds meanwhile
+                under_way.set()
 
             async def short() -> None:
-                _, r = await new_chat(host).reply("hi", drafter=Drafter(), params=SamplingParams(),
-                                                  policy=KPolicy(), max_new_tokens=short_new,
-                                                  on_round=lambda ev: under_way.set())
+                _, r = await short_chat.reply("hi", drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                              max_new_tokens=short_new, on_round=on_short_round)
                 events.append(("short answered", len(r.token_ids)))
 
             async def long() -> None:
                 await under_way.wait()
-                chat = new_chat(host)
-                assert len(chat.tokenizer(long_prompt)["input_ids"]) > (short_new + 1) * SHARED_CHUNK
 
                 def on_round(ev: dict) -> None:
                     if not together:
                         events.append(("long prefilled", 0))
                     together.extend(ev["new"])
 
-                await chat.reply(long_prompt, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
-                                 max_new_tokens=3, on_round=on_round)
+                await long_chat.reply(long_prompt, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                      max_new_tokens=3, on_round=on_round)
 
             async with trio.open_nursery() as n:
                 n.start_soon(short)
                 n.start_soon(long)
-        return events, alone, together
+        return events, alone, together, long_read, n_long
 
-    events, alone, together = trio.run(main)
+    events, alone, together, long_read, n_long = trio.run(main)
     assert events == [("short answered", short_new), ("long prefilled", 0)]
+    assert any(0 < n < n_long for n in long_read), long_read  # its rounds came between the prompt's chunks
     assert together == alone
