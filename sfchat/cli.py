@@ -170,6 +170,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--relay", metavar="HOST:PORT", help="also be reachable through this relay (the invite uses it)")
     p.add_argument("--tls", action="store_true", help="encrypt every ring link (self-signed, pinned by the invite)")
     _serve_args(p)
+    request_defaults = {  # what a request leaves out is the server's
+        "temperature": "sampling temperature, also of a request that names none; 0 is greedy (default: the "
+                       "model's generation_config, else 0)",
+        "top_p": "nucleus sampling, also of a request that names none: the likeliest tokens whose probabilities "
+                 "sum to this (1: all)",
+        "seed": "seed of the sampling, also of a request that names none (default: random)"}
+    for a in p._actions:
+        a.help = request_defaults.get(a.dest, a.help)
 
     p = command("config", "print the path of the settings file (written with defaults if missing)")
 
