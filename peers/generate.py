@@ -76,9 +76,16 @@ class Result:
     rounds: list[dict]
 
 
-async def generate(host: Host, rs: RingSession, tokens: list[int], *, drafter: Drafter, params: SamplingParams,
-                   policy: KPolicy, max_new_tokens: int, eos: set[int], on_round=None, should_stop=None,
-                   overlap: bool = True, max_retries: int = 3) -> Result:
+async def generate(host: Host, rs: RingSession, tokens: list[int], **kw) -> Result:
+    """The answer's rounds (`answer_rounds`), with the host knowing that this conversation is answering: another one's
+    long prompt takes turns with them (peers/turns.py)."""
+    with host.turns.answering(rs.sid):
+        return await answer_rounds(host, rs, tokens, **kw)
+
+
+async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, drafter: Drafter,
+                        params: SamplingParams, policy: KPolicy, max_new_tokens: int, eos: set[int], on_round=None,
+                        should_stop=None, overlap: bool = True, max_retries: int = 3) -> Result:
     """Extend `tokens` (the whole conversation so far) in place; returns the new ids and the statistics.
 
     Each round is one `Speculation.round`. A failed pass commits nothing: the ring is re-planned and the round tried

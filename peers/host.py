@@ -22,13 +22,14 @@ from .fingerprint import config_fingerprint
 from .memory import default_device, pick_dtype, reset_peak, usage
 from .membership import Member, Roster, downloading
 from .options import HostOptions
-from .plan import ModelSize, pass_chunks
+from .plan import ModelSize, chunk_end, chunk_positions
 from .planning import Planner, Target
 from .ring_session import RingSession
 from .shard import load_config
 from .tensors import DTYPES
 from .threads import call_with_threads
 from .tls import Endpoint as TLSEndpoint
+from .turns import SHARED_CHUNK, Turns
 
 log = logging.getLogger("sfchat.host")
 
@@ -64,6 +65,7 @@ class Host:
         self.waiting: dict[tuple[str, int], trio.MemorySendChannel] = {}
         self.seq = itertools.count()
         self.compute = trio.CapacityLimiter(1)
+        self.turns = Turns()  # a long pass takes turns with other conversations' passes
         self.threads = torch.get_num_threads()  # for the shard's compute, whatever a draft's thread has set
         self.auto_replan = False  # `sfchat host`: re-plan as members join
         self.batcher = Batcher(self._run_batch)  # conversations' rounds go round together
@@ -194,9 +196,10 @@ class Host:
             raise RingError(f"the ring cannot answer: {why}")
 
     def _one_frame(self, s: RingSession, tokens: list[int], drafts: list[int]) -> bool:
+        """A round (not a prompt or a replay, which go in chunks): it can go round with others' rounds."""
         n = len(tokens) - self.committed(s) + len(drafts)
-        return len(pass_chunks(n, self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize,
-                               wire.MAX_FRAME, tail=len(drafts) + 1)) == 1
+        return n <= min(SHARED_CHUNK, chunk_positions(self.config.hidden_size,
+                                                      DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME))
 
     async def _run_batch(self, rounds: list[Round]) -> None:
         """(the batcher) One pass for these rounds: alone, a round takes the ordinary path; together, one frame
@@ -261,6 +264,7 @@ class Host:
             r.s.passed(c, len(ids))
             r.s.features = (c, ids, feats)
             r.result = (logits, timing)
+            self.turns.went(r.s.sid)
         for r, _, _ in items:
             if r.result is None:
                 r.s.lost()
@@ -295,11 +299,14 @@ class Host:
         ids, n_logits = tokens[committed:] + drafts, len(drafts) + 1
         t0 = time.perf_counter()
         # a long pass (a prompt, a replay) goes round in chunks that each fit a frame, the drafts in the last; each
-        # chunk's `committed` is what the chunks before it left in every stage (the rollback rule, chunk by chunk)
-        chunks = pass_chunks(len(ids), self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize,
-                             wire.MAX_FRAME, tail=n_logits)
-        outs, host_ms, trace = [], 0.0, {}
-        for a, b in chunks:
+        # chunk's `committed` is what the chunks before it left in every stage (the rollback rule, chunk by chunk).
+        # While others answer, the chunks are short and take turns with their passes (peers/turns.py).
+        size = chunk_positions(self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME)
+        outs, host_ms, trace, a = [], 0.0, {}, 0
+        while a < len(ids):
+            if a:
+                await self.turns.let_others_go(s.sid, stop=lambda: self.planner.gate.replanning)
+            b = chunk_end(a, len(ids), SHARED_CHUNK if self.turns.others(s.sid) else size, n_logits)
             last = b == len(ids)
             h, ms, chunk_trace = await self._chunk(s, committed + a, ids[a:b], parents if last else None,
                                                    n_logits if last else 1, sent if last else None)
@@ -308,11 +315,15 @@ class Host:
             for name, peer_ms in chunk_trace:
                 trace[name] = trace.get(name, 0.0) + peer_ms
             s.passed(committed, b)
+            if not last:
+                self.turns.went(s.sid)
+            a = b
         h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         t1 = time.perf_counter()
         feats, logits = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish, h[0], n_logits,
                                                       limiter=self.compute)
         s.features = (committed, ids, feats)  # what a feature draft reads next
+        self.turns.went(s.sid)
         head_ms = (time.perf_counter() - t1) * 1e3
         total_ms = (time.perf_counter() - t0) * 1e3
         peers_ms = sum(trace.values())

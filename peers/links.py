@@ -81,7 +81,8 @@ async def open_relay(relay: str) -> trio.abc.Stream:
     pin, _, hostport = relay.rpartition("@")
     stream = await trio.open_tcp_stream(*parse_addr(hostport))
     try:
-        return await TLSEndpoint.dial(stream, pin or None)
+        return await TLSEndpoint.dial(stream, pin or None, plain=f"the relay {hostport} does not use TLS: drop "
+                                      f"the fingerprint and '@' before its address")
     except BaseException:
         await trio.aclose_forcefully(stream)
         raise

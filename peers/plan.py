@@ -190,15 +190,16 @@ def size(n: float) -> str:
     return f"{n / GB:.1f} GB" if n >= GB / 10 else f"{n / 1e6:.1f} MB"
 
 
-def pass_chunks(n_positions: int, hidden: int, wire_bytes: int, max_frame: int, tail: int = 1) -> list[tuple[int, int]]:
-    """Cut a pass of n positions into [start, end) chunks whose hidden states ([positions, hidden] at wire_bytes
-    each) fill at most a quarter of a frame; the last chunk keeps at least `tail` positions (the drafts and the
-    position before them, which must travel together)."""
-    size = max(1, min(MAX_PASS_POSITIONS, max_frame // 4 // (hidden * wire_bytes)))
-    if n_positions <= size:
-        return [(0, n_positions)]
-    cuts = [c for c in range(0, n_positions, size) if c == 0 or c <= n_positions - tail]
-    return list(zip(cuts, cuts[1:] + [n_positions]))
+def chunk_positions(hidden: int, wire_bytes: int, max_frame: int) -> int:
+    """The most positions of a pass that go round at once: hidden states ([positions, hidden] at wire_bytes each)
+    filling at most a quarter of a frame."""
+    return max(1, min(MAX_PASS_POSITIONS, max_frame // 4 // (hidden * wire_bytes)))
+
+
+def chunk_end(start: int, n_positions: int, size: int, tail: int = 1) -> int:
+    """Where the chunk of at most `size` positions from `start` ends; the last chunk keeps at least `tail` positions
+    (the drafts and the position before them, which must travel together)."""
+    return n_positions if start + size > n_positions - tail else start + size
 
 
 def covers(spans: list[Span], n_layers: int) -> bool:

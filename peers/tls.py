@@ -76,13 +76,38 @@ async def wrap_server(stream: trio.abc.Stream, ctx: ssl.SSLContext) -> trio.SSLS
     return s
 
 
-async def wrap_client(stream: trio.abc.Stream, pin: str) -> trio.SSLStream:
+class NotTLS(OSError):
+    """The other side answered a TLS handshake in plain TCP."""
+
+
+FINGERPRINT_CHARS = 64  # a SHA-256 in hex
+
+
+def check_pin(pin: str) -> str:
+    """A fingerprint as pasted (any case, colons allowed), or ValueError saying what is wrong with it."""
+    digits = pin.strip().lower().replace(":", "")
+    if len(digits) != FINGERPRINT_CHARS:
+        raise ValueError(f"the --tls fingerprint has {len(digits)} of {FINGERPRINT_CHARS} characters (cut short when "
+                         "pasted?): copy the whole value from the invite")
+    if any(c not in "0123456789abcdef" for c in digits):
+        raise ValueError("the --tls fingerprint is hexadecimal (0-9, a-f): copy it from the invite")
+    return digits
+
+
+async def wrap_client(stream: trio.abc.Stream, pin: str,
+                      plain: str = "the host does not use TLS: drop --tls") -> trio.SSLStream:
+    """A TLS connection to a peer whose certificate is `pin`; NotTLS(`plain`) when the other side is plain TCP."""
     s = trio.SSLStream(stream, client_context(), server_hostname=None)
-    with trio.fail_after(10):
-        await s.do_handshake()
+    try:
+        with trio.fail_after(10):
+            await s.do_handshake()
+    except trio.BrokenResourceError as e:
+        if isinstance(e.__cause__, ssl.SSLError) and e.__cause__.reason == "WRONG_VERSION_NUMBER":
+            raise NotTLS(plain) from None  # what came back was not a TLS record
+        raise
     der = s.getpeercert(binary_form=True)
     got = hashlib.sha256(der).hexdigest() if der else ""
-    if got != pin.lower().replace(":", ""):
+    if got != check_pin(pin):
         await trio.aclose_forcefully(s)
         raise PinError(f"TLS certificate fingerprint {got[:16]}… is not the expected {pin[:16]}… "
                        "(wrong address, or someone in between)")
@@ -103,5 +128,5 @@ class Endpoint:
         return await wrap_server(stream, self.context) if self.enabled else stream
 
     @staticmethod
-    async def dial(stream: trio.abc.Stream, pin: str | None) -> trio.abc.Stream:
-        return await wrap_client(stream, pin) if pin else stream
+    async def dial(stream: trio.abc.Stream, pin: str | None, **kw) -> trio.abc.Stream:
+        return await wrap_client(stream, pin, **kw) if pin else stream

@@ -99,7 +99,8 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
                    help="the longest answer, in tokens")
     p.add_argument("--max-context", type=at_least(1), metavar="N",
                    help="the longest conversation the ring plans memory for (default: the model's limit, at most 8192)")
-    p.add_argument("--temperature", type=in_range(0, 5), default=0.0, help="sampling temperature; 0 is greedy")
+    p.add_argument("--temperature", type=in_range(0, 5), help="sampling temperature; 0 is greedy (default: the "
+                   "model's generation_config, else 0)")
     p.add_argument("--top-p", type=in_range(0, 1), default=1.0, help="nucleus sampling: the likeliest tokens "
                    "whose probabilities sum to this (1: all)")
     p.add_argument("--top-k", type=at_least(0), default=0, help="sample among the K likeliest tokens only (0: all)")
@@ -154,10 +155,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--serve", nargs="?", const=SERVE_DEFAULT, metavar="HOST:PORT",
                    help=f"also serve the OpenAI-compatible endpoint (on {SERVE_DEFAULT} if no address is given)")
     _serve_args(p)
-    p.set_defaults(temperature=None)  # unset: the user's setting (`sfchat config`), 0.7 out of the box
     for a in p._actions:
         if a.dest == "temperature":
-            a.help = "sampling temperature; 0 is greedy (default: your setting, 0.7 out of the box)"
+            a.help = ("sampling temperature; 0 is greedy (default: your /temp setting if you set one, else the "
+                      "model's generation_config, else 0)")
 
     p = command("serve", "host a ring and serve it as an OpenAI-compatible endpoint (headless)")
     _model_args(p)
@@ -173,6 +174,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--relay", metavar="HOST:PORT", help="also be reachable through this relay (the invite uses it)")
     p.add_argument("--tls", action="store_true", help="encrypt every ring link (self-signed, pinned by the invite)")
     _serve_args(p)
+    request_defaults = {  # what a request leaves out is the server's
+        "temperature": "sampling temperature, also of a request that names none; 0 is greedy (default: the "
+                       "model's generation_config, else 0)",
+        "top_p": "nucleus sampling, also of a request that names none: the likeliest tokens whose probabilities "
+                 "sum to this (1: all)",
+        "seed": "seed of the sampling, also of a request that names none (default: random)"}
+    for a in p._actions:
+        a.help = request_defaults.get(a.dest, a.help)
 
     p = command("config", "print the path of the settings file (written with defaults if missing)")
 

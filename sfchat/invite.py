@@ -75,13 +75,14 @@ class Reach:
     note: str = ""  # said beside the invite (only loopback, …)
 
 
-def reach(listen: str, port: int, advertise: str | None = None, addresses: list[str] | None = None) -> Reach:
+def reach(listen: str, port: int, advertise: str | None = None, addresses: list[str] | None = None,
+          listen_flag: str = "--listen") -> Reach:
     if advertise:
         return Reach([with_port(advertise, port)])
     host = parse_addr(listen)[0]
     if host not in WILDCARDS:
         note = "" if not _is_loopback(host) else \
-            f"this host listens on {host} only: other machines cannot join (use --listen 0.0.0.0:{port})"
+            f"this host listens on {host} only: other machines cannot join (use {listen_flag} 0.0.0.0:{port})"
         return Reach([f"{host}:{port}"], note)
     found = machine_addresses() if addresses is None else addresses
     if not found:
@@ -117,7 +118,7 @@ def program() -> str:
         return "sfchat"
     if argv0 is not None and argv0.name == "sfchat" and os.access(argv0, os.X_OK):
         return shlex.quote(str(argv0.resolve()))
-    return f"{shlex.quote(sys.executable)} -m sfchat"
+    return f"{shlex.quote(sys.executable)} -P -m sfchat"  # -P: not a folder named sfchat here
 
 
 def command(address: str, token: str, tls_fingerprint: str = "") -> str:
@@ -144,10 +145,18 @@ class Invite:
         return "\n  ".join(self.lines())
 
 
-def for_host(host, advertise: str | None = None, addresses: list[str] | None = None) -> Invite:
-    """The invite of a serving peers.host.Host (its port known)."""
+def listening(host) -> str:
+    """What a serving host listens on, as bound: a wildcard stays one (the invite names the reachable addresses)."""
+    name = parse_addr(host.listen)[0]
+    where = " (every network interface)" if name in WILDCARDS else ""
+    return with_port(name or "0.0.0.0", host.port) + where
+
+
+def for_host(host, advertise: str | None = None, addresses: list[str] | None = None,
+             listen_flag: str = "--listen") -> Invite:
+    """The invite of a serving peers.host.Host (its port known); listen_flag: the option that sets its address."""
     fp = host.tls.fingerprint if host.tls.enabled else ""
     if host.relay_address:
         return Invite(command(host.relay_address, host.token, fp), host.relay_address, [])
-    r = reach(host.listen, host.port, advertise, addresses)
+    r = reach(host.listen, host.port, advertise, addresses, listen_flag)
     return Invite(command(r.addresses[0], host.token, fp), r.addresses[0], r.addresses[1:], r.note)

@@ -12,6 +12,8 @@ from peers.locations import cache_dir
 
 PR_SET_PDEATHSIG = 1
 PARENT_PID = "SFCHAT_DIE_WITH_PARENT"
+# -P: the installed sfchat, never a folder named sfchat (or peers, torch …) in the current directory
+SFCHAT = [sys.executable, "-P", "-m", "sfchat"]
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -62,7 +64,7 @@ class LocalPeers:
         self.log_paths: list[Path] = []
         env = child_env() | {"SFCHAT_TOKEN": token}  # not in argv: any user of the machine reads that in `ps`
         for i in range(n):
-            cmd = [sys.executable, "-m", "sfchat", "join", host_addr, "--headless",
+            cmd = [*SFCHAT, "join", host_addr, "--headless",
                    "--name", local_name(i), "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant]
             if not graphs:
                 cmd.append("--no-graphs")

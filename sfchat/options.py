@@ -9,15 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from peers.options import HostOptions, PeerOptions
+from peers.tls import check_pin
 
 from .settings import Settings
+
+DEFAULT_TEMPERATURE = 0.0  # greedy, where the model's generation_config names no temperature
 
 
 @dataclass(frozen=True)
 class AnswerOptions:
     """How to answer: sampling, the draft and its length, the longest answer."""
 
-    temperature: float = 0.0
+    temperature: float = DEFAULT_TEMPERATURE
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
@@ -65,6 +68,14 @@ class JoinOptions:
     retry_s: float = 30.0  # with --stay: how long a member that cannot serve waits before it joins again
 
 
+def default_temperature(model: str | None) -> float:
+    """One default for ask, host and serve: the model's generation_config (as vLLM does), else greedy."""
+    from peers.models import generation_temperature
+
+    t = generation_temperature(model)
+    return DEFAULT_TEMPERATURE if t is None else t
+
+
 def answer_options(args, s: Settings | None = None) -> AnswerOptions:
     """With the settings file `s` (sfchat host), what the command line leaves unset (None) comes from it."""
     a = vars(args)
@@ -72,7 +83,10 @@ def answer_options(args, s: Settings | None = None) -> AnswerOptions:
     def flag_or(key: str, setting):
         return a[key] if a.get(key) is not None else setting
 
-    return AnswerOptions(temperature=flag_or("temperature", s.temperature if s else 0.0),
+    temperature = flag_or("temperature", s.temperature if s else None)
+    if temperature is None:
+        temperature = default_temperature(a.get("model") or (s.model if s else None) or None)
+    return AnswerOptions(temperature=temperature,
                          top_p=a.get("top_p", 1.0), top_k=a.get("top_k", 0), seed=a.get("seed"),
                          k=flag_or("k", s.k_pinned if s else None), draft=flag_or("draft", s.draft_spec if s else None),
                          max_new_tokens=a.get("max_new_tokens", 256))
@@ -96,5 +110,6 @@ def ring_options(args, s: Settings | None = None) -> RingOptions:
 def join_options(args) -> JoinOptions:
     peer = PeerOptions(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
                        device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb,
-                       name=args.name, relay=args.relay, tls_pin=args.tls, graphs=not args.no_graphs)
+                       name=args.name, relay=args.relay, tls_pin=args.tls and check_pin(args.tls),
+                       graphs=not args.no_graphs)
     return JoinOptions(peer, stay=args.stay, retry_s=args.retry_s)

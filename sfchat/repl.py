@@ -16,7 +16,7 @@ from peers.adaptive import KPolicy
 from peers.chat import Chat
 
 from . import settings as settings_mod
-from . import store
+from . import invite, store
 from .ask import length_note
 from .options import RingOptions
 from .runtime import build_host, invite_for, new_drafter, open_ring
@@ -97,7 +97,8 @@ async def _repl(opts: RingOptions, lines: Lines) -> int:
     host.say = lines.say
     watch.host = host
     async with open_ring(opts, host=host) as ring:
-        lines.say(f"sfchat host on {host.address}. On each other machine run:\n  {invite_for(opts, host)}")
+        lines.say(f"sfchat host on {invite.listening(host)}. On each other machine run:\n"
+                  f"  {invite_for(opts, host)}")
         lines.say("Type a prompt, or /help.")
         chat = HeadlessChat(opts, ring, lines, await new_drafter(opts.answer.draft, ring, say=lines.say))
         async with serving_beside(ring, chat.drafter, opts, say=lines.say):  # with --serve

@@ -11,12 +11,10 @@ from peers.locations import config_dir
 
 from .store import write_atomic
 
-DEFAULT_TEMPERATURE = 0.7
-
 
 @dataclass
 class Settings:
-    temperature: float = DEFAULT_TEMPERATURE
+    temperature: float | None = None  # None: the model's (sfchat/options.py)
     k: str = "auto"  # "auto" (adaptive) or a pinned draft length
     draft: str = "auto"  # auto (the best known), none, ngram, or a draft model
     model: str = ""  # "" = the default model
@@ -74,6 +72,7 @@ def load() -> Settings:
 
 def save(s: Settings) -> Path:
     p = path()
-    write_atomic(p, "# sfchat settings; `sfchat config` prints this file's path\n" + tomli_w.dumps(asdict(s)))
+    write_atomic(p, "# sfchat settings; `sfchat config` prints this file's path\n" +
+                 tomli_w.dumps({k: v for k, v in asdict(s).items() if v is not None}))
     return p
 

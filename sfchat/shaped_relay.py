@@ -17,7 +17,7 @@ async def shaped_relay(delay_ms: float):
     if delay_ms <= 0:
         yield None
         return
-    proc = subprocess.Popen([sys.executable, "-m", "sfchat", "relay", "--listen", "127.0.0.1:0", "--delay-ms",
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "sfchat", "relay", "--listen", "127.0.0.1:0", "--delay-ms",
                              f"{delay_ms:.4f}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             stdin=subprocess.DEVNULL, text=True, env=child_env())
     try:

@@ -24,10 +24,11 @@ from sfchat.local import LocalPeers
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def sfchat(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+def sfchat(*args: str, timeout: float = 300, check: bool = True,
+           input: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.run([sys.executable, "-m", "sfchat", *args], capture_output=True, text=True, timeout=timeout,
-                       env=env, cwd=ROOT)
+                       env=env, cwd=ROOT, input=input)
     if check and p.returncode != 0:
         raise AssertionError(f"sfchat {' '.join(args)} exited {p.returncode}:\n{p.stderr[-3000:]}")
     return p

@@ -1,7 +1,9 @@
 """The command line as a user meets it: help, one-line refusals, exit codes, what lands on stdout and stderr."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -79,6 +81,20 @@ def test_ask_with_local_peers_ends_quietly_and_marks_a_cut_answer(tiny_llama):
     assert "the length limit, 5 tokens; raise it with --max-new-tokens" in p.stderr
 
 
+def test_local_peers_run_the_installed_sfchat_whatever_folder_they_start_in(tiny_llama, tmp_path):
+    """A clone (or any folder) named sfchat or peers in the current directory is not what a local peer imports."""
+    for name in ("sfchat", "peers"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("raise ImportError('the folder in the current directory')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed package, as a user runs it
+    p = subprocess.run([os.path.join(os.path.dirname(sys.executable), "sfchat"), "ask", "hello world", "--json",
+                        "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "3", "--draft", "none"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    members = json.loads(p.stdout.splitlines()[-1])["stats"]["members"]
+    assert [(m["name"], m["state"]) for m in members] == [("host", "ready"), ("local-a", "ready")], p.stdout
+
+
 def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):
     import trio
 
@@ -91,6 +107,13 @@ def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):
             assert len(host.ring) == 1  # it joined all the same
 
     trio.run(main)
+
+
+def test_a_host_on_every_interface_says_so(tiny_llama):
+    p = sfchat("host", "--headless", "--model", str(tiny_llama), "--listen", "0.0.0.0:0", input="/quit\n")
+    head = next(line for line in p.stderr.splitlines() if line.startswith("sfchat host on "))
+    assert re.fullmatch(r"sfchat host on 0\.0\.0\.0:\d+ \(every network interface\)\. On each other machine run:",
+                        head), head
 
 
 def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_path):
@@ -197,7 +220,7 @@ def test_the_default_model_is_fetched_before_the_chat_screen(tmp_path):
 
 @pytest.mark.parametrize("local_bin_on_path", [True, False])
 def test_set_up_leaves_a_runnable_sfchat(tmp_path, local_bin_on_path):
-    """scripts/launcher (run by scripts/chat and scripts/test after installing): `sfchat` runs from a fresh
+    """scripts/launcher (run by scripts/setup, so by scripts/chat and scripts/test, after installing): `sfchat` runs from a fresh
     shell, through ~/.local/bin when that is on PATH, else through the one line it prints."""
     checkout = tmp_path / "checkout"
     (checkout / "scripts").mkdir(parents=True)
@@ -212,5 +235,6 @@ def test_set_up_leaves_a_runnable_sfchat(tmp_path, local_bin_on_path):
     line = "" if local_bin_on_path else next(x.strip() for x in said.splitlines() if x.strip().startswith("export"))
     fresh = subprocess.run(["bash", "-c", f"{line}\nsfchat --version"], env=env, capture_output=True, text=True)
     assert fresh.returncode == 0 and fresh.stdout.strip() == f"sfchat {__version__}", said + fresh.stderr
+    assert "bash scripts/launcher" in (ROOT / "scripts" / "setup").read_text()
     for script in ("chat", "test"):
-        assert "bash scripts/launcher" in (ROOT / "scripts" / script).read_text()
+        assert "bash scripts/setup" in (ROOT / "scripts" / script).read_text()

@@ -6,8 +6,10 @@ import trio
 
 from helpers import greedy_reply, running_ring
 from peers.chat import eos_ids, load_tokenizer
+from peers.adaptive import KPolicy
 from peers.drafting import Drafter
 from peers.pass_gate import PassGate
+from peers.sampling import SamplingParams
 from sfchat.serve.conversations import Conversations
 from sfchat.serve.errors import ApiError
 
@@ -99,3 +101,51 @@ def test_a_request_during_a_long_replan_is_a_503_and_the_next_one_waits_it_out(t
                 assert released.is_set() and not host.planner.gate.replanning
 
     trio.run(main)
+
+
+def test_a_long_prompt_takes_turns_with_an_answer_under_way(tiny_llama):
+    """A short answer under way when a long prompt arrives ends before that prompt's prefill does: the prompt goes
+    in chunks, each followed by a round of the answer, and its own answer is what it is alone."""
+    from helpers import new_chat
+    from peers.turns import SHARED_CHUNK
+
+    long_prompt = "the quick brown fox jumps over the lazy dog " * 13  # about 420 tokens here
+    short_new = 4
+
+    async def main():
+        async with running_ring(tiny_llama, 1) as (host, _):
+            alone = await greedy_reply(host, long_prompt, 3)
+            events, under_way, together, long_read = [], trio.Event(), [], []
+            short_chat, long_chat = new_chat(host), new_chat(host)  # tokenizers loaded before either starts
+            n_long = len(long_chat.tokenizer(long_prompt)["input_ids"])
+            assert n_long > (short_new + 1) * SHARED_CHUNK
+
+            def on_short_round(ev: dict) -> None:
+                long_read.append(long_chat.rs.filled)  # how much of the long prompt the ring holds meanwhile
+                under_way.set()
+
+            async def short() -> None:
+                _, r = await short_chat.reply("hi", drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                              max_new_tokens=short_new, on_round=on_short_round)
+                events.append(("short answered", len(r.token_ids)))
+
+            async def long() -> None:
+                await under_way.wait()
+
+                def on_round(ev: dict) -> None:
+                    if not together:
+                        events.append(("long prefilled", 0))
+                    together.extend(ev["new"])
+
+                await long_chat.reply(long_prompt, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                      max_new_tokens=3, on_round=on_round)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(short)
+                n.start_soon(long)
+        return events, alone, together, long_read, n_long
+
+    events, alone, together, long_read, n_long = trio.run(main)
+    assert events == [("short answered", short_new), ("long prefilled", 0)]
+    assert any(0 < n < n_long for n in long_read), long_read  # its rounds came between the prompt's chunks
+    assert together == alone

@@ -38,6 +38,7 @@ def test_reach_for_each_kind_of_listen_address():
     assert invite.reach("10.0.0.5:7341", 7341, addresses=["192.168.1.23"]).addresses == ["10.0.0.5:7341"]
     r = invite.reach("127.0.0.1:7340", 7340)
     assert r.addresses == ["127.0.0.1:7340"] and "--listen 0.0.0.0:7340" in r.note
+    assert "(use --ring-listen 0.0.0.0:7340)" in invite.reach("127.0.0.1:7340", 7340, listen_flag="--ring-listen").note
     assert invite.reach("0.0.0.0:0", 41234, "chat.example.org").addresses == ["chat.example.org:41234"]
     assert invite.reach("0.0.0.0:0", 41234, "203.0.113.9:443").addresses == ["203.0.113.9:443"]
     assert invite.with_port("fe80::1", 7) == "[fe80::1]:7" and invite.with_port("[::1]:8", 7) == "[::1]:8"
@@ -54,7 +55,7 @@ def test_invite_lines_and_the_command_that_runs_here(monkeypatch):
     # the program: bare `sfchat` only when that is what PATH runs; else the command that started this one
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.setattr(sys, "argv", [str(ROOT / "sfchat" / "__main__.py")])
-    assert invite.program() == f"{shlex.quote(sys.executable)} -m sfchat"
+    assert invite.program() == f"{shlex.quote(sys.executable)} -P -m sfchat"
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/local/bin/sfchat")
     assert invite.program() == "sfchat"
 

@@ -15,7 +15,7 @@ def test_offline_with_nothing_cached_names_sfchat_pull(tmp_path, monkeypatch):
     p = sfchat("ask", "hi", check=False)
     assert p.returncode == 1
     last = p.stderr.strip().splitlines()[-1]
-    assert f"`{shlex.quote(sys.executable)} -m sfchat pull`" in last and last.startswith("sfchat ask:"), p.stderr
+    assert f"`{shlex.quote(sys.executable)} -P -m sfchat pull`" in last and last.startswith("sfchat ask:"), p.stderr
 
 
 def test_missing_model_is_one_clear_line(tmp_path):

@@ -1,7 +1,7 @@
 """The plan in bytes (peers/plan.py): pure arithmetic, tested alone."""
 import pytest
 
-from peers.plan import (GB, FitError, ModelSize, Offer, kv_bytes, pass_chunks, plan, split_layers, weight_bytes)
+from peers.plan import (GB, FitError, ModelSize, Offer, kv_bytes, chunk_end, chunk_positions, plan, split_layers, weight_bytes)
 from tiny import qwen2_shapes
 
 
@@ -60,15 +60,24 @@ def test_mixed_members_each_in_its_own_bytes():
     assert spans[1].size > 2.5 * spans[2].size
 
 
+def chunks(n: int, size: int, tail: int = 1) -> list[tuple[int, int]]:
+    out, a = [], 0
+    while a < n:
+        out.append((a, b := chunk_end(a, n, size, tail)))
+        a = b
+    return out
+
+
 def test_chunks_cover_the_pass_and_keep_the_tail():
-    assert pass_chunks(100, 3584, 4, 64 << 20) == [(0, 100)]
-    chunks = pass_chunks(6000, 3584, 4, 64 << 20)
-    assert chunks[0][0] == 0 and chunks[-1][1] == 6000 and len(chunks) > 1
-    assert all(a == b for (_, a), (b, _) in zip(chunks, chunks[1:]))
-    assert all((b - a) * 3584 * 4 <= (64 << 20) // 4 for a, b in chunks)
+    size = chunk_positions(3584, 4, 64 << 20)
+    assert size * 3584 * 4 <= (64 << 20) // 4
+    assert chunks(100, size) == [(0, 100)]
+    cut = chunks(6000, size)
+    assert cut[0][0] == 0 and cut[-1][1] == 6000 and len(cut) > 1
+    assert all(a == b for (_, a), (b, _) in zip(cut, cut[1:]))
+    assert all(b - a <= size for a, b in cut)
     # the drafts and the position before them never split
-    size = chunks[0][1]
-    tail = pass_chunks(2 * size + 3, 3584, 4, 64 << 20, tail=5)
+    tail = chunks(2 * size + 3, size, tail=5)
     assert tail[-1][1] - tail[-1][0] >= 5 and tail[-1][1] == 2 * size + 3
 
 

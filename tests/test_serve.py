@@ -65,6 +65,14 @@ def test_async_client_streams_the_same_answer(server, tiny_llama):
     assert asyncio.run(main()) == whole(server, "the quick brown fox")
 
 
+def test_a_request_without_temperature_gets_the_servers(server, tiny_llama):
+    """The server runs at the model's default (its generation_config names none here: greedy), not OpenAI's 1."""
+    c = client(server)
+    answers = {c.chat.completions.create(model=server.model, messages=user("the ring"), max_tokens=N)
+               .choices[0].message.content for _ in range(3)}
+    assert answers == {whole(server, "the ring")}
+
+
 def test_stop_string_never_in_the_output(server, tiny_llama):
     full = whole(server, "speculative decoding")
     stop = full[len(full) // 2: len(full) // 2 + 2]
@@ -110,11 +118,22 @@ def test_error_shapes(server, tiny_llama):
     assert error_of(post(ok | {"n": 2}), 400)["param"] == "n"
     assert error_of(post(ok | {"temperature": "hot"}), 400)["param"] == "temperature"
     assert error_of(post(ok | {"messages": [{"role": "robot", "content": "x"}]}), 400)
-    assert error_of(post(ok | {"messages": user("word " * 600)}), 413)["code"] == "context_length_exceeded"
+    too_long = error_of(post(ok | {"messages": user("word " * 600)}), 400)  # as OpenAI answers it
+    assert (too_long["type"], too_long["code"]) == ("invalid_request_error", "context_length_exceeded")
+    assert error_of(server.http.get("/v1/chat/completions"), 405)["type"] == "invalid_request_error"
     assert error_of(server.http.post("/v1/chat/completions", content=b"{not json"), 400)
     assert error_of(server.http.get("/v1/nothing"), 404)
     with pytest.raises(openai.BadRequestError):
         client(server).chat.completions.create(model=tiny_llama.name, messages=user("hi"), n=3)
+    with pytest.raises(openai.BadRequestError) as e:
+        client(server).chat.completions.create(model=tiny_llama.name, messages=user("word " * 600))
+    assert e.value.code == "context_length_exceeded"
+
+
+def test_health_is_open_and_its_members_need_the_key(server):
+    open_ = httpx.get(server.url + "/health")
+    assert open_.status_code == 200 and open_.json()["status"] == "ok" and "members" not in open_.json()
+    assert len(server.health()["members"]) == 3  # with the key
 
 
 def test_hostile_bodies_leave_other_answers_alone(server, tiny_llama):

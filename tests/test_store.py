@@ -36,13 +36,13 @@ def test_resume_with_no_chats_says_so():
 
 def test_settings_default_round_trip_and_bad_values():
     s = settings.load()
-    assert (s.temperature, s.k, s.draft, s.model) == (0.7, "auto", "auto", "")
+    assert (s.temperature, s.k, s.draft, s.model) == (None, "auto", "auto", "")  # None: the model's default
     s.temperature, s.k, s.draft = 0.3, "4", "ngram"
     path = settings.save(s)
     assert settings.load() == s
     path.write_text('temperature = "hot"\nk = 99\ndraft = "none"\n')
     s = settings.load()
-    assert (s.temperature, s.k, s.draft) == (0.7, "auto", "none")  # bad values fall back, good ones stay
+    assert (s.temperature, s.k, s.draft) == (None, "auto", "none")  # bad values fall back, good ones stay
     path.write_text("this is [not toml")
     assert settings.load() == settings.Settings()
 

@@ -43,6 +43,29 @@ def test_wrong_fingerprint_or_plain_joiner_is_refused(tiny_llama):
     assert rc2 != 0 and "TLS" in err2
 
 
+def test_a_cut_fingerprint_or_a_plain_host_is_one_line(tiny_llama):
+    """What a paste gets wrong is said in one line: a fingerprint cut short, --tls toward a host without TLS."""
+    async def main():
+        host = quiet_host(tiny_llama)  # no --tls
+        out = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(host.serve)
+            base = [sys.executable, "-m", "sfchat", "join", host.address, "--token", host.token, "--headless",
+                    "--model", str(tiny_llama), "--listen", "127.0.0.1:0", "--tls"]
+            for pin in ("ab" * 28, "ab" * 32):
+                p = await trio.run_process(base + [pin], capture_stdout=True, capture_stderr=True, check=False,
+                                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                out.append((p.returncode, p.stderr.decode().strip()))
+            assert host.members == []
+            nursery.cancel_scope.cancel()
+        return out
+
+    (rc1, err1), (rc2, err2) = trio.run(main)
+    assert (rc1, err1) == (1, "sfchat join: the --tls fingerprint has 56 of 64 characters (cut short when pasted?): "
+                              "copy the whole value from the invite")
+    assert (rc2, err2) == (1, "sfchat join: the host does not use TLS: drop --tls")
+
+
 def test_ring_through_a_tls_relay(tiny_llama):
     """`sfchat relay --tls`: every connection to the relay is encrypted and pinned; with the ring's own --tls
     inside, the relay forwards ciphertext of ciphertext. The answer is exact."""

@@ -184,7 +184,7 @@ def test_saved_chats_reopen(tiny_llama):
                                          {"role": "assistant", "content": "newer answer"}])
     store.save(newer)
     # `sfchat host --resume` reopens the latest one
-    app = host_app(tiny_llama, "--max-new-tokens", "12", conv=store.resume("last"))
+    app = host_app(tiny_llama, "--max-new-tokens", "12", "--temperature", "0.5", conv=store.resume("last"))
 
     async def main():
         async with app.run_test(size=SIZE) as pilot:

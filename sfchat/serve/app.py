@@ -65,15 +65,23 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
                                                           "owned_by": "sfchat"}]})
 
     async def health(request: Request):
-        check_key(request.headers.get("authorization"), api_key)
+        """Open, as health checks are; the members (their addresses and memory) only with the key."""
         replanning = host.planner.gate.replanning
-        return JSONResponse({"status": "replanning" if replanning else "ok", "model": name, "epoch": host.epoch,
-                             "members": host.members_info(), "conversations": conversations.status()})
+        body = {"status": "replanning" if replanning else "ok", "model": name, "epoch": host.epoch,
+                "conversations": conversations.status()}
+        try:
+            check_key(request.headers.get("authorization"), api_key)
+            body["members"] = host.members_info()
+        except ApiError:
+            pass
+        return JSONResponse(body)
 
     async def api_error(request: Request, e: ApiError):
         return error_response(e)
 
     async def http_error(request: Request, e: HTTPException):
+        if e.status_code == 405:
+            return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}"))
         return error_response(ApiError(e.status_code, e.detail or "error"))
 
     async def server_error(request: Request, e: Exception):

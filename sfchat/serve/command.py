@@ -6,9 +6,11 @@ from contextlib import asynccontextmanager
 import trio
 
 from sfchat.options import RingOptions, ServeOptions
-from sfchat.runtime import Ring, build_host, invite_for, new_drafter, open_ring, say
+from sfchat.runtime import Ring, build_host, new_drafter, open_ring, say
 
 from peers.channel import parse_addr
+
+from sfchat.invite import for_host, listening
 
 from .auth import check_exposure
 from .conversations import Conversations
@@ -25,7 +27,7 @@ async def start(nursery: trio.Nursery, ring: Ring, drafter, opts: RingOptions,
     """Serve the endpoint opts.serve in `nursery` (the host's own loop); returns its conversations and URL."""
     serve = opts.serve
     conv = Conversations(ring.host, ring.tokenizer, ring.eos, drafter, limit=serve.max_conversations,
-                         on_change=on_change)
+                         on_change=on_change, answer=opts.answer)
     binds = await nursery.start(lambda task_status: serve_api(
         conv, serve.listen, api_key=serve.api_key, insecure_no_key=serve.insecure_no_key,
         keepalive_s=serve.keep_alive_s, task_status=task_status))
@@ -56,5 +58,6 @@ async def serve_command(opts: RingOptions) -> int:
         async with trio.open_nursery() as nursery:
             conv, url = await start(nursery, ring, drafter, opts)
             say(f"sfchat serving {host.source.name} at {url}/v1 (up to {conv.limit} conversations at once)")
-            say(f"ring on {host.address}. On each other machine run:\n  {invite_for(opts, host)}")
+            say(f"ring on {listening(host)}. On each other machine run:\n"
+                f"  {for_host(host, opts.advertise, listen_flag='--ring-listen')}")
     return 0

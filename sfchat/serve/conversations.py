@@ -17,6 +17,8 @@ from peers.errors import RingError
 from peers.generate import generate
 from peers.sampling import SamplingParams
 
+from sfchat.options import AnswerOptions
+
 from .errors import ApiError
 from .request import ChatRequest
 from .stops import StopFilter
@@ -63,8 +65,9 @@ def default_limit(host) -> int:
 
 class Conversations:
     def __init__(self, host, tokenizer, eos: set[int], drafter: Drafter, *, limit: int | None = None,
-                 replan_wait_s: float = 30.0, on_change=None):
+                 replan_wait_s: float = 30.0, on_change=None, answer: AnswerOptions = AnswerOptions()):
         self.host, self.tokenizer, self.eos, self.drafter = host, tokenizer, eos, drafter
+        self.answer = answer  # the server's sampling, for what a request leaves out
         self.policy = KPolicy()  # pass costs are the ring's, whichever conversation measured them
         self.limit = limit or default_limit(host)
         self.admission = trio.CapacityLimiter(self.limit)  # wakes waiters in FIFO order
@@ -76,17 +79,20 @@ class Conversations:
         self.context = context_limit(host.config)
 
     def prepare(self, req: ChatRequest) -> Job:
-        """Render and check the request before any answer starts (413: no room left in the context)."""
+        """Render and check the request before any answer starts (400 context_length_exceeded: no room left)."""
         try:
             prompt = render(self.tokenizer, req.messages)
         except Exception as e:  # a template that rejects the message order, for one
             raise ApiError(400, f"the model's chat template rejects these messages: {e}", param="messages") from None
         room = self.context - len(prompt)
         if room < 1:
-            raise ApiError(413, f"the prompt is {len(prompt)} tokens; the model's context holds {self.context}",
+            raise ApiError(400, f"the prompt is {len(prompt)} tokens; the model's context holds {self.context}",
                            param="messages", code="context_length_exceeded")
-        greedy = req.temperature == 0 or req.top_p == 0
-        params = SamplingParams(0.0 if greedy else req.temperature, 0, 1.0 if greedy else req.top_p, req.seed)
+        temperature = self.answer.temperature if req.temperature is None else req.temperature
+        top_p = self.answer.top_p if req.top_p is None else req.top_p
+        greedy = temperature == 0 or top_p == 0
+        params = SamplingParams(0.0 if greedy else temperature, self.answer.top_k, 1.0 if greedy else top_p,
+                                self.answer.seed if req.seed is None else req.seed)
         return Job(req, prompt, min(req.max_tokens or room, room), params)
 
     async def ring_ready(self) -> None:

@@ -1,8 +1,7 @@
 """Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with the matching HTTP status."""
 from __future__ import annotations
 
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-         413: "invalid_request_error", 503: "service_unavailable"}
+TYPES = {401: "authentication_error", 404: "not_found_error", 503: "service_unavailable"}  # other 4xx: invalid_request
 
 
 class ApiError(Exception):
@@ -10,6 +9,8 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
+    def type(self) -> str:
+        return TYPES.get(self.status, "invalid_request_error" if 400 <= self.status < 500 else "server_error")
+
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type(), "param": self.param, "code": self.code}}

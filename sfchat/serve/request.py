@@ -18,8 +18,8 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None
-    temperature: float = 1.0  # OpenAI's default
-    top_p: float = 1.0
+    temperature: float | None = None  # None: the server's --temperature (the model's default), not OpenAI's 1
+    top_p: float | None = None  # None: the server's --top-p
     seed: int | None = None
     stop: tuple[str, ...] = ()
 
@@ -28,7 +28,7 @@ def bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def _number(body: dict, key: str, lo: float, hi: float, default: float) -> float:
+def _number(body: dict, key: str, lo: float, hi: float, default: float | None) -> float | None:
     v = body.get(key)
     if v is None:
         return default
@@ -107,5 +107,5 @@ def parse(raw: bytes) -> ChatRequest:
     seed = _int(body, "seed", -(2**63))
     return ChatRequest(model=body["model"], messages=_messages(body), stream=stream,
                        include_usage=bool(options.get("include_usage")), max_tokens=max_tokens,
-                       temperature=_number(body, "temperature", 0, 2, 1.0), top_p=_number(body, "top_p", 0, 1, 1.0),
+                       temperature=_number(body, "temperature", 0, 2, None), top_p=_number(body, "top_p", 0, 1, None),
                        seed=None if seed is None else seed % 2**31, stop=_stop(body))
