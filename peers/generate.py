@@ -160,7 +160,8 @@ class Speculation:
                        draft_ms=round(draft_ms, 3), hidden_draft_ms=round(hidden_ms, 3),
                        network_ms=round(timing["network_ms"], 3), host_ms=round(timing["host_ms"], 3),
                        peers=timing["peers"], verify_ms=round(verify_ms, 3),
-                       round_ms=round((time.perf_counter() - t_round) * 1e3, 3), tree=as_tree)
+                       round_ms=round((time.perf_counter() - t_round) * 1e3, 3), tree=as_tree,
+                       batch=timing.get("batch", 1))
         self.policy.update(len(drafts), len(path), timing["pass_ms"] + verify_ms, pending + len(drafts),
                            sum(draft.sure) if by_confidence else None)
         return r, new, at_eos

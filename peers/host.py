@@ -198,7 +198,7 @@ class Host:
     def _one_frame(self, s: RingSession, tokens: list[int], drafts: list[int]) -> bool:
         """A round (not a prompt or a replay, which go in chunks): it can go round with others' rounds."""
         n = len(tokens) - self.committed(s) + len(drafts)
-        return n <= min(SHARED_CHUNK, chunk_positions(self.config.hidden_size,
+        return 0 < n <= min(SHARED_CHUNK, chunk_positions(self.config.hidden_size,
                                                       DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME))
 
     async def _run_batch(self, rounds: list[Round]) -> None:
@@ -219,8 +219,18 @@ class Host:
                         r.error = e
                 else:
                     together.append(r)
-            if together:
-                await self._together(together)
+            # as many rounds in one frame as its size allows (a frame's worth of positions), the rest in the next
+            room = chunk_positions(self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME)
+            while together:
+                n, used = 0, 0
+                while n < len(together) and (n == 0 or used + self._positions(together[n]) <= room):
+                    used += self._positions(together[n])
+                    n += 1
+                await self._together(together[:n])
+                together = together[n:]
+
+    def _positions(self, r: Round) -> int:
+        return len(r.tokens) - self.committed(r.s) + len(r.drafts)
 
     async def _together(self, rounds: list[Round]) -> None:
         t0 = time.perf_counter()

@@ -20,6 +20,7 @@ class RoundStats:
     verify_ms: float
     round_ms: float
     tree: bool = False  # the drafts were a tree (k of them, branching where the draft was unsure)
+    batch: int = 1  # conversations whose rounds went round in the same pass (peers/batcher.py)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -68,7 +68,8 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
         """Open, as health checks are; the members (their addresses and memory) only with the key."""
         replanning = host.planner.gate.replanning
         body = {"status": "replanning" if replanning else "ok", "model": name, "epoch": host.epoch,
-                "conversations": conversations.status()}
+                "conversations": conversations.status(),
+                "passes": {"batches": host.batcher.batches, "rounds": host.batcher.rounds}}
         try:
             check_key(request.headers.get("authorization"), api_key)
             body["members"] = host.members_info()
