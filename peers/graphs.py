@@ -48,7 +48,8 @@ class Graphs:
         return self.thread.submit(self._on_thread, fn, *args).result()
 
     def _on_thread(self, fn, *args):
-        torch.cuda.set_device(self.device)
+        if self.device.index is not None:  # plain "cuda" is the current device, which a new thread starts on
+            torch.cuda.set_device(self.device)
         with torch.inference_mode():
             return fn(*args)
 
