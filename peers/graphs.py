@@ -37,6 +37,8 @@ class Graphs:
     def __init__(self, device: torch.device, capture: bool):
         self.device, self.capture = device, capture
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="cuda-graphs") if capture else None
+        # plain "cuda" is the device current where the shard was built (set_device refuses it without an index)
+        self.index = (torch.cuda.current_device() if device.index is None else device.index) if capture else None
         self.pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for all our graphs
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bucket -> (x, meta) the graphs read
         self.failed = False
@@ -48,7 +50,7 @@ class Graphs:
         return self.thread.submit(self._on_thread, fn, *args).result()
 
     def _on_thread(self, fn, *args):
-        torch.cuda.set_device(self.device)
+        torch.cuda.set_device(self.index)  # (each thread has its own current device)
         with torch.inference_mode():
             return fn(*args)
 

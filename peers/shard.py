@@ -23,7 +23,7 @@ from .plan import Span
 from .kv import SessionCache
 from .tensors import DTYPES
 
-SPARE_SLOTS = 4  # caches with captured graphs kept for the next conversations
+SPARE_SLOTS = 1  # finished conversations' caches kept with their graphs for the next (memory the plan does not count)
 
 
 def load_config(model_dir: Path):
