@@ -17,6 +17,7 @@ def private_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("SFCHAT_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("SFCHAT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("SFCHAT_MODELS_DIR", os.environ["SFCHAT_MODELS_DIR"])
+    monkeypatch.delenv("TMUX", raising=False)  # copying never reaches the tmux the tests were started from
 
 
 @pytest.fixture(scope="session")

@@ -77,6 +77,10 @@ def test_help_screen(snap_compare):
     assert snap_compare(host_app(), terminal_size=SIZE, run_before=fill_host, press=["f1"])
 
 
+def test_stats_legend_screen(snap_compare):
+    assert snap_compare(host_app(), terminal_size=SIZE, run_before=fill_host, press=["f2"])
+
+
 def test_peer_screen(snap_compare):
     args = parser().parse_args(["join", "192.168.1.10:7340", "--token", "s3cr3t", "--name", "laptop"])
     state = PeerState(state="ready", span=Span(10, 20, 30), device="cpu", rss=820 * MB, peak=960 * MB, sessions=2, frames=314,
