@@ -21,7 +21,7 @@ from .ask import length_note
 from .options import RingOptions
 from .runtime import build_host, invite_for, new_drafter, open_ring
 from .serve.command import serving_beside
-from .tui.commands import HELP, CommandError, parse
+from .tui.commands import HELP, CommandError, current_k, current_temperature, parse
 
 SCREEN_ONLY = ("chats", "copy")
 
@@ -135,6 +135,10 @@ async def _repl(opts: RingOptions, lines: Lines) -> int:
                         s.draft = cmd.value
                         answer = replace(answer, draft=s.draft_spec)
                         lines.say(f"draft {drafter.name}; saved in {settings_mod.save(s)}")
+                    elif cmd.name == "k" and cmd.value is None:
+                        lines.say(current_k(answer.k))
+                    elif cmd.name == "temp" and cmd.value is None:
+                        lines.say(current_temperature(answer.temperature))
                     elif cmd.name == "k":
                         s.k = cmd.value
                         answer = replace(answer, k=s.k_pinned)
@@ -181,5 +185,5 @@ def export(chat: Chat, target: str | None) -> str:
     try:
         store.write_atomic(path, store.to_markdown(conv))
     except OSError as e:
-        return f"cannot write {path}: {e}"
+        return f"cannot write {path}: {store.why_not_written(path, e)}"
     return f"exported to {path}"

@@ -34,6 +34,16 @@ def check_draft(arg: str) -> str:
     return arg
 
 
+def current_k(k: int | None) -> str:
+    """What `/k` alone says."""
+    return f"K is {'auto: it adapts' if k is None else f'{k}, pinned'} (/k N pins it, /k auto lets it adapt)"
+
+
+def current_temperature(t: float) -> str:
+    """What `/temp` alone says."""
+    return f"The temperature is {t:g} (/temp T changes it, 0 = greedy)"
+
+
 class CommandError(ValueError):
     pass
 

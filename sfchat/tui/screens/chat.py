@@ -161,10 +161,9 @@ class ChatScreen(Screen):
         s = self.settings
         match cmd.name:
             case "k" if cmd.value is None:
-                self.notify(f"K is {'auto: it adapts' if self.answer.k is None else f'{self.answer.k}, pinned'} "
-                            "(/k N pins it, /k auto lets it adapt)")
+                self.notify(commands.current_k(self.answer.k))
             case "temp" if cmd.value is None:
-                self.notify(f"The temperature is {self.answer.temperature:g} (/temp T changes it, 0 = greedy)")
+                self.notify(commands.current_temperature(self.answer.temperature))
             case "k":
                 s.k = cmd.value
                 self.answer = replace(self.answer, k=s.k_pinned)
@@ -222,9 +221,8 @@ class ChatScreen(Screen):
         path = Path(target).expanduser()
         try:
             store.write_atomic(path, store.to_markdown(self.conv))
-        except OSError as e:  # its text would name the temporary file written first
-            why = f"there is no folder {path.parent}" if not path.parent.is_dir() else e.strerror or type(e).__name__
-            self.notify(f"Cannot write {path}: {why}", severity="error")
+        except OSError as e:
+            self.notify(f"Cannot write {path}: {store.why_not_written(path, e)}", severity="error")
             return
         self.notify(f"Exported to {path}")
 
