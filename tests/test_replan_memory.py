@@ -1,5 +1,7 @@
 """A re-plan gives back what it replaces: the host's resident set follows the layers it holds, re-plan after
 re-plan, on the real SmolLM2 beside a real peer process."""
+import weakref
+
 import pytest
 import trio
 
@@ -15,14 +17,17 @@ MB = 2**20
 MORE, FEWER = 4.0, 0.6
 
 
-def test_five_re_plans_free_the_layers_they_drop(smollm2):
+def test_five_re_plans_free_the_layers_and_caches_they_replace(smollm2):
     async def main():
         async with running_ring(smollm2, 1, extra=["--offer-gb", "1.0"], offer_gb=MORE) as (host, _):
             chat = new_chat(host)
             seen = []
             for gb in (FEWER, MORE, FEWER, MORE, FEWER):
                 host.planner.offer_gb = gb
+                old_cache = weakref.ref(chat.rs.cache) if chat.rs.cache is not None else None
                 await host.replan()
+                # the conversation's cache of the old plan is gone before it speaks again
+                assert old_cache is None or old_cache() is None
                 # an answer under each plan: its caches are made, and dropped by the next plan
                 await chat.reply("Hi", drafter=Drafter(), params=SamplingParams(), policy=KPolicy(), max_new_tokens=2)
                 layer = sum(p.numel() * p.element_size() for p in host.shard.layers.parameters()) / host.shard.span.size
