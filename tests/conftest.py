@@ -17,7 +17,8 @@ def private_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("SFCHAT_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("SFCHAT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("SFCHAT_MODELS_DIR", os.environ["SFCHAT_MODELS_DIR"])
-    monkeypatch.delenv("TMUX", raising=False)  # copying never reaches the tmux the tests were started from
+    for name in ("TMUX", "DISPLAY", "WAYLAND_DISPLAY"):  # copying never reaches the user's tmux or clipboard
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="session")
