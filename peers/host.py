@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import weakref
 
 import torch
 import trio
@@ -59,7 +60,7 @@ class Host:
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
                         self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs)
         self.planner = Planner(target, self.roster, offer_gb=opts.offer_gb, token=self.token, tls=self.tls,
-                               on_change=lambda: self.on_change())
+                               on_change=self._plan_changed)
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
         self.port = 0
         self.waiting: dict[tuple[str, int], trio.MemorySendChannel] = {}
@@ -68,7 +69,8 @@ class Host:
         self.turns = Turns()  # a long pass takes turns with other conversations' passes
         self.threads = torch.get_num_threads()  # for the shard's compute, whatever a draft's thread has set
         self.auto_replan = False  # `sfchat host`: re-plan as members join
-        self.batcher = Batcher(self._run_batch)  # conversations' rounds go round together
+        # the conversations, while they live (by id: a RingSession, a dataclass, is not hashable)
+        self.sessions: weakref.WeakValueDictionary[int, RingSession] = weakref.WeakValueDictionary()
 
     # the two planes the pass reads: who is in the ring, and the current plan
     members = property(lambda self: self.roster.members)
@@ -171,7 +173,17 @@ class Host:
     # --- one pass ------------------------------------------------------------------------------------------
 
     def new_session(self, sid: str) -> RingSession:
-        return RingSession(sid)
+        s = RingSession(sid)
+        self.sessions[id(s)] = s
+        return s
+
+    def _plan_changed(self) -> None:
+        """A conversation's cache of an older plan is of no more use (its next pass replays from position 0):
+        it goes now, not when the conversation next speaks (an idle one might never)."""
+        for s in list(self.sessions.values()):
+            if s.epoch != self.epoch:
+                s.cache = None
+        self.on_change()
 
     def committed(self, s: RingSession) -> int:
         """How many of the session's positions every stage still holds; 0 after a re-plan (replay)."""

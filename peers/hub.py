@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import threading
+import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +32,9 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 SMALL = (".json", ".txt", ".model", ".jinja", ".tiktoken")  # config, tokenizer, chat template, generation config
 LAYER = re.compile(r"model\.layers\.(\d+)\.")
+REACH_TIMEOUT_S = 3.0
+REACH_KEPT_S = 30.0  # one check serves the requests of one model; a later one looks again
+_reach: dict[str, tuple[float, str | None]] = {}  # endpoint -> (when it was checked, why it is out of reach)
 
 
 def parse(spec: str) -> tuple[str, str | None] | None:
@@ -114,6 +122,9 @@ class HubModel:
             if constants.HF_HUB_OFFLINE:
                 raise ModelError(f"{self.spec[:len(self.repo_id) + 13]}: {f} is not in the Hugging Face cache and "
                                  f"HF_HUB_OFFLINE=1 forbids fetching it")
+            if why := out_of_reach():
+                raise ModelError(f"could not read the header of {f} of {self.repo_id} (not cached): the hub is out "
+                                 f"of reach ({why})")
             try:
                 meta = HfApi().parse_safetensors_file_metadata(self.repo_id, f, revision=self.commit)
             except Exception as e:
@@ -123,6 +134,34 @@ class HubModel:
 
     def small_files(self) -> list[str]:
         return sorted(f for f in self.files if "/" not in f and f.endswith(SMALL))
+
+
+def out_of_reach() -> str | None:
+    """Why the hub (HF_ENDPOINT) cannot be reached, from one quick connection to it; None when it can, or when a
+    proxy stands between (only a request through it can tell). huggingface_hub retries a hub out of reach for
+    half a minute before it falls back to the cache: this check lets a machine offline use its cache at once."""
+    checked, why = _reach.get(constants.ENDPOINT, (-REACH_KEPT_S, None))
+    if time.monotonic() - checked < REACH_KEPT_S:
+        return why
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    why = None
+    if not (urllib.request.getproxies().get(url.scheme) and not urllib.request.proxy_bypass(host)):
+        got = []  # on a thread: a name lookup takes no timeout, and without a network it can hang for long
+
+        def connect() -> None:
+            try:
+                socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
+                got.append(None)
+            except OSError as e:
+                got.append(f"{host}: {e.strerror or type(e).__name__}")
+
+        t = threading.Thread(target=connect, name="hub-reach", daemon=True)
+        t.start()
+        t.join(REACH_TIMEOUT_S)
+        why = got[0] if got else f"{host}: no answer in {REACH_TIMEOUT_S:g} s"
+    _reach[constants.ENDPOINT] = (time.monotonic(), why)
+    return why
 
 
 def locate(repo_id: str, revision: str | None, say=print) -> HubModel:
@@ -136,6 +175,8 @@ def locate(repo_id: str, revision: str | None, say=print) -> HubModel:
     try:
         if constants.HF_HUB_OFFLINE:
             raise OfflineModeIsEnabled("offline")
+        if why := out_of_reach():
+            raise ConnectionError(why)
         info = HfApi().model_info(repo_id, revision=commit, files_metadata=True)
         files, cached = {s.rfilename: s.size for s in info.siblings or []}, False
     except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError) as e:
@@ -178,12 +219,17 @@ def fetch(model: HubModel, names: list[str], progress: Progress | None = None, b
 def download(repo_id: str, name: str, revision: str | None, bar=None) -> str:
     """One file through huggingface_hub; any failure is a ModelError naming the model and the file."""
     where = f"{repo_id}@{revision[:12]}" if revision and len(revision) == 40 else repo_id
+    unreachable = None if constants.HF_HUB_OFFLINE else out_of_reach()
     try:
-        return hf_hub_download(repo_id, name, revision=revision, tqdm_class=bar or _bar_class(None, True))
+        return hf_hub_download(repo_id, name, revision=revision, tqdm_class=bar or _bar_class(None, True),
+                               local_files_only=unreachable is not None)
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
         if constants.HF_HUB_OFFLINE:
             raise ModelError(f"{where}: {name} is not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids "
                              f"fetching it") from None
+        if unreachable:
+            raise ModelError(f"could not fetch {name} of {where} (not cached): the hub is out of reach "
+                             f"({unreachable})") from None
         cause = e.__cause__ or e.__context__ or e  # the hub was out of reach and the cache lacks the file
         raise ModelError(f"could not fetch {name} of {where} (not cached): {_why(cause)}") from None
     except GatedRepoError:

@@ -73,6 +73,16 @@ def release_freed() -> None:
         pass
 
 
+def give_back(device: str) -> None:
+    """Once a re-plan has dropped a shard: its memory back to the system before the next one is loaded. glibc keeps
+    freed tensors in the heap of the thread that allocated them (a host whose loads ran on different worker threads
+    grew by a shard per re-plan), and CUDA's caching allocator keeps freed blocks that the next plan's free memory
+    would not count."""
+    release_freed()
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _libc():
     return ctypes.CDLL("libc.so.6")
 

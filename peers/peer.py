@@ -19,7 +19,8 @@ from .auth import AuthError, client_handshake, server_handshake
 from .channel import Channel, ChannelClosed
 from .control import ControlLink
 from .errors import CannotServe, ModelError
-from .memory import default_device, free_bytes, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes, usage
+from .memory import (default_device, free_bytes, give_back, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes,
+                     usage)
 from .options import PeerOptions
 from .plan import Span
 from .shard import Shard
@@ -201,7 +202,9 @@ class Peer:
                                     f"differ ({mine[:12]} here, {str(theirs)[:12]} at the host); pass the same --model")
         if self.shard is None or self.shard.span != span or self.shard_dir != model_dir:
             await self._fetch(source, span, ctl)  # what this span lacks; the old span serves until it is here
-            self.shard = None  # free the old span before loading the new one
+            self.shard = None  # free the old span (and the caches of its layers) before loading the new one
+            self.sessions.clear()
+            give_back(self.device)
             self.base_bytes = usage(self.device)[0]
             t0 = time.monotonic()
             self.shard = await trio.to_thread.run_sync(self._load, model_dir, span)

@@ -18,7 +18,7 @@ from .channel import Channel, ChannelClosed
 from .errors import FitError, ModelError, RingError
 from .membership import Member, Roster
 from .pass_gate import PassGate
-from .memory import free_bytes
+from .memory import free_bytes, give_back
 from .plan import QUANT_BYTES, ModelSize, Offer, covers, plan
 from .shard import Shard
 from .tensors import DTYPES
@@ -161,6 +161,7 @@ class Planner:
             return False
         if self.shard is None or self.shard.span != spans[0]:
             self.shard = None  # free the old span before loading the new one
+            give_back(t.device)
             self.shard = await trio.to_thread.run_sync(
                 lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
                               device=t.device, graphs=t.graphs))

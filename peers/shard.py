@@ -121,6 +121,7 @@ class Shard:
                 release_freed()
         for m in self.modules():
             m.eval().requires_grad_(False)
+        release_freed()  # the full-precision copies read on the way
 
     def _place(self, module: torch.nn.Module, name: str, t: torch.Tensor, moved: torch.Tensor | None):
         """Put the CPU tensor t into module.name: quantized there, or as it is on the device (returned, so a

@@ -25,13 +25,24 @@ fail() { echo "FAIL: $*" >&2; show "screen at failure" >&2; exit 1; }
 cleanup() { tmux kill-session -t "$SESSION" 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-# wait_for REGEX SECONDS: until the screen shows it
+# wait_for REGEX SECONDS [GREP_FLAG]: until the screen shows it (-F: a fixed string, not a pattern)
 wait_for() {
     local deadline=$((SECONDS + $2))
-    until pane | grep -qE -- "$1"; do
+    until pane | grep -q "${3:--E}" -- "$1"; do
         [ $SECONDS -lt $deadline ] || fail "no '$1' on screen after $2 s"
         sleep 0.2
     done
+}
+
+# type_line TEXT: clear the prompt line, type TEXT and press Enter, each step once the screen shows the last.
+# Keys sent at once race: Ctrl+U goes up to the app's bindings while printable keys already queued behind it are
+# inserted first, and then wiped with the rest of the line.
+type_line() {
+    tmux send-keys -t "$SESSION" C-u
+    wait_for "▊  Ask anything" 10  # the empty prompt shows its placeholder
+    tmux send-keys -t "$SESSION" -l "$1"
+    wait_for "▊  $1" 10 -F
+    tmux send-keys -t "$SESSION" Enter
 }
 
 # settle SECONDS COMMAND...: until the command succeeds (false after SECONDS)
@@ -58,6 +69,7 @@ echo_keys() {
         tmux send-keys -t "$SESSION" -l "$ch"
         until pane | grep -qF "▊  $typed"; do
             [ $(($(now_ms) - start)) -lt 5000 ] || fail "the key '$ch' did not show within 5 s"
+            sleep 0.02  # a tight loop of capture-pane would take a core from the app it measures
         done
         ms=$(($(now_ms) - start))
         total=$((total + ms)) n=$((n + 1))
@@ -84,9 +96,7 @@ TOKEN="$(pane | grep -o -- '--token [A-Za-z0-9_-]*' | head -1 | cut -d' ' -f2)"
 show "ready"
 
 echo_keys "idle"
-tmux send-keys -t "$SESSION" C-u
-tmux send-keys -t "$SESSION" -l "$PROMPT"
-tmux send-keys -t "$SESSION" Enter
+type_line "$PROMPT"
 wait_for "answering" 30
 wait_for "tokens/trip +[0-9]" 60  # the stats panel shows the rounds
 echo_keys "while generating"
@@ -95,11 +105,7 @@ show "answered"
 if [ -n "$EXPECT" ]; then pane | grep -qF "$EXPECT" || fail "the answer does not mention '$EXPECT'"; fi
 pane | grep -Eq "tokens/trip +[0-9]" || fail "no tokens per round in the stats panel"
 
-tmux send-keys -t "$SESSION" C-u
-wait_for "▊  Ask anything" 10  # the typed-while-generating keys are cleared before the command is typed
-tmux send-keys -t "$SESSION" -l "/temp 0.5"
-wait_for "▊  /temp 0.5" 10
-tmux send-keys -t "$SESSION" Enter
+type_line "/temp 0.5"  # the keys typed while it generated are cleared first
 settle 10 grep -q "temperature = 0.5" "$SFCHAT_CONFIG_DIR/settings.toml" 2>/dev/null \
     || fail "/temp did not reach the settings file"
 ls "$SFCHAT_DATA_DIR"/chats/*.json >/dev/null 2>&1 || fail "the chat was not saved"

@@ -21,7 +21,7 @@ from .ask import length_note
 from .options import RingOptions
 from .runtime import build_host, invite_for, new_drafter, open_ring
 from .serve.command import serving_beside
-from .tui.commands import HELP, CommandError, parse
+from .tui.commands import HELP, CommandError, current_k, current_temperature, parse
 
 SCREEN_ONLY = ("chats", "copy")
 
@@ -166,6 +166,10 @@ class HeadlessChat:
             say("New chat.")
         elif cmd.name == "draft":
             await self.set_draft(cmd.value)
+        elif cmd.name == "k" and cmd.value is None:
+            say(current_k(self.answer.k))
+        elif cmd.name == "temp" and cmd.value is None:
+            say(current_temperature(self.answer.temperature))
         elif cmd.name == "k":
             s.k = cmd.value
             self.answer = replace(self.answer, k=s.k_pinned)
@@ -207,5 +211,5 @@ def export(chat: Chat, target: str | None) -> str:
     try:
         store.write_atomic(path, store.to_markdown(conv))
     except OSError as e:
-        return f"cannot write {path}: {e}"
+        return f"cannot write {path}: {store.why_not_written(path, e)}"
     return f"exported to {path}"

@@ -24,6 +24,11 @@ def write_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def why_not_written(path: Path, e: OSError) -> str:
+    """Why write_atomic(path) failed, said of the user's path (the error itself names the temporary file)."""
+    return f"there is no folder {path.parent}" if not path.parent.is_dir() else e.strerror or type(e).__name__
+
+
 def new_id() -> str:
     # sortable by time, readable in a file listing, unique enough for one user
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]

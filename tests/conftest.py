@@ -17,6 +17,8 @@ def private_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("SFCHAT_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("SFCHAT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("SFCHAT_MODELS_DIR", os.environ["SFCHAT_MODELS_DIR"])
+    for name in ("TMUX", "DISPLAY", "WAYLAND_DISPLAY"):  # copying never reaches the user's tmux or clipboard
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="session")

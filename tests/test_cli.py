@@ -120,7 +120,8 @@ def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_pa
     p = subprocess.run([sys.executable, "-m", "sfchat", "host", "--headless", "--model", str(tiny_llama),
                         "--local-peers", "1", "--listen", "127.0.0.1:0", "--max-new-tokens", "6", "--draft", "none",
                         "--temperature", "0"],
-                       input=f"/help\n/k abc\n/k 2\n/draft {tmp_path}\nhello world\n/save {tmp_path / 'c.md'}\n/quit\n",
+                       input=f"/help\n/k abc\n/k 2\n/k\n/temp\n/draft {tmp_path}\nhello world\n/save {tmp_path / 'c.md'}\n"
+                             "/save /nonexistent/dir/x.md\n/quit\n",
                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert p.returncode == 0, p.stderr
     answer = p.stdout
@@ -128,8 +129,10 @@ def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_pa
     assert not any(word in answer for word in ("member", "/k", "K 2", "saved", "sfchat", "INFO", "draft"))
     err = p.stderr
     assert "+ member 1 (local-a) joined from 127.0.0.1:" in err  # joins are lines of their own
-    assert "/k N|auto" in err and "/chats" not in err  # the same commands as the chat screen, minus its own
+    assert "/k [N|auto]" in err and "/chats" not in err  # the same commands as the chat screen, minus its own
     assert "/k: K must be auto or a whole number 0..32, got 'abc'" in err and "K 2; saved in" in err
+    assert "K is 2, pinned" in err and "The temperature is 0 " in err  # alone, they show the value
+    assert "cannot write /nonexistent/dir/x.md: there is no folder /nonexistent/dir" in err
     assert f"/draft: cannot use {tmp_path}:" in err  # a draft that does not load is not saved
     assert "length limit" in err and "lost" not in err and "WARNING" not in err
     assert "**user:**\n\nhello world\n" in (tmp_path / "c.md").read_text()

@@ -158,6 +158,8 @@ def test_hub_errors_are_one_line_naming_model_and_file(repo, tmp_path):
             assert lines[-1].startswith("sfchat pull:") and all(w in lines[-1] for w in words), p.stderr
         p = run(["pull", REPO], env_for(tmp_path / "dead", endpoint="http://127.0.0.1:9"))
         assert p.returncode == 1 and "acme/tiny" in p.stderr.strip().splitlines()[-1], p.stderr
+        # one quick check finds the hub out of reach: no half minute of huggingface_hub's retries
+        assert "the hub is out of reach" in p.stderr.strip().splitlines()[-1] and "Retrying" not in p.stderr
 
 
 def test_a_joiner_that_cannot_fetch_says_which_file_and_the_ring_answers_without_it(repo, tmp_path):

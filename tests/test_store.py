@@ -67,6 +67,7 @@ def test_commands_parse():
     assert commands.parse("/draft ngram").value == "ngram"
     assert commands.parse("/save").value is None
     assert commands.parse("/save out.md").value == "out.md"
-    for bad in ("/k many", "/temp -1", "/temp", "/draft", "/frobnicate"):
+    assert commands.parse("/k").value is None and commands.parse("/temp").value is None  # alone: show it
+    for bad in ("/k many", "/temp -1", "/draft", "/frobnicate"):
         with pytest.raises(commands.CommandError):
             commands.parse(bad)

@@ -89,7 +89,7 @@ def test_prompt_answer_stats_commands_and_quit(tiny_llama):
             speed = text_of(stats.query_one("#speed", Static)).splitlines()
             now, avg, peak = speed[1].split()[1:]
             assert now == "—" and float(avg) > 0 and float(peak) > 0  # "now" ends with the answer
-            assert "1 answers" in text_of(stats.query_one("#session", Static))
+            assert "1 answer, " in text_of(stats.query_one("#session", Static))
             assert scr.query_one(StatsPanel).history  # the sparkline's data
 
             # saved as it grows, atomically, in the private data dir
@@ -228,7 +228,7 @@ def notices(app) -> list[str]:
     return [n.message for n in app._notifications]
 
 
-def test_slash_commands_refuse_bad_arguments_in_one_line_and_save_nothing_broken(tiny_llama, tmp_path):
+def test_slash_commands_refuse_bad_arguments_in_one_line_and_save_nothing_broken(tiny_llama, tmp_path, monkeypatch):
     app = host_app(tiny_llama, "--max-new-tokens", "6", "--draft", "none", "--temperature", "0")
     not_a_model = tmp_path / "empty-dir"
     not_a_model.mkdir()
@@ -254,6 +254,15 @@ def test_slash_commands_refuse_bad_arguments_in_one_line_and_save_nothing_broken
             assert settings.load() == before  # nothing saved: the file is as it was
             assert (settings.path().read_bytes() if settings.path().exists() else None) == before_file
             assert app.main_screen.answer.draft == "none"  # still the working one
+            # a hub model while the hub is out of reach: one line at once, not half a minute of retries
+            from huggingface_hub import constants
+            monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+            monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+            await pilot.press(*"/draft acme/nothing", "enter")
+            await until(pilot, lambda: any("/draft acme/nothing:" in n for n in notices(app)), "the hub's refusal")
+            shown = next(n for n in notices(app) if "/draft acme/nothing:" in n)
+            assert "out of reach" in shown and "(not saved)" in shown
+            assert not any("Retry" in n for n in notices(app)), notices(app)
             answer = await ask(app, pilot, "hello world")  # and the next answer works
             assert answer.border_subtitle.startswith("length limit (6 tokens)")
             assert "--max-new-tokens" in answer.border_subtitle

@@ -13,6 +13,7 @@ from sfchat.cli import parser
 from sfchat.options import join_options, ring_options
 from sfchat.tui.app import HostApp, PeerApp
 from sfchat.tui.messages import LogLine, PeerChanged, Ready, RingChanged
+from sfchat.tui.widgets.prompt import PromptInput
 from sfchat.tui.widgets.stats import StatsPanel
 
 SIZE = (140, 42)
@@ -60,6 +61,7 @@ def host_app() -> HostApp:
 async def fill_host(pilot) -> None:
     await pilot.pause()
     scr = pilot.app.main_screen
+    scr.query_one(PromptInput).cursor_blink = False  # a blinking cursor is caught on or off by chance
     scr.post_message(RingChanged(MEMBERS, INVITE))
     scr.post_message(Ready("smollm2-135m", "ngram"))
     stats = scr.query_one(StatsPanel)
@@ -75,6 +77,10 @@ def test_host_screen(snap_compare):
 
 def test_help_screen(snap_compare):
     assert snap_compare(host_app(), terminal_size=SIZE, run_before=fill_host, press=["f1"])
+
+
+def test_stats_legend_screen(snap_compare):
+    assert snap_compare(host_app(), terminal_size=SIZE, run_before=fill_host, press=["f2"])
 
 
 def test_peer_screen(snap_compare):

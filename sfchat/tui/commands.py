@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from sfchat.settings import parse_k, parse_temperature
 
 HELP = [
-    ("/k N|auto", "pin the draft length K, or let it adapt"),
-    ("/temp T", "sampling temperature, 0 = greedy (kept as your default)"),
-    ("/draft auto|none|ngram|MODEL", "the best known drafter (on), none (off), prompt lookup, or a draft model"),
+    ("/k [N|auto]", "pin the draft length K, or let it adapt; alone: the current K"),
+    ("/temp [T]", "sampling temperature, 0 = greedy (kept as your default); alone: the current one"),
+    ("/draft WHICH", "auto: the best known drafter (on), none (off), ngram: prompt lookup, or a draft model: "
+                     "a directory, a .gguf file or a hub id ORG/NAME"),
     ("/new", "start a new chat"),
     ("/chats", "reopen a saved chat"),
     ("/save [FILE.md]", "save now (chats save as they grow), or export as Markdown"),
@@ -33,6 +34,16 @@ def check_draft(arg: str) -> str:
     return arg
 
 
+def current_k(k: int | None) -> str:
+    """What `/k` alone says."""
+    return f"K is {'auto: it adapts' if k is None else f'{k}, pinned'} (/k N pins it, /k auto lets it adapt)"
+
+
+def current_temperature(t: float) -> str:
+    """What `/temp` alone says."""
+    return f"The temperature is {t:g} (/temp T changes it, 0 = greedy)"
+
+
 class CommandError(ValueError):
     pass
 
@@ -47,6 +58,8 @@ def parse(line: str) -> Command:
     name, _, arg = line[1:].strip().partition(" ")
     arg = arg.strip()
     try:
+        if name in ("k", "temp", "temperature") and not arg:
+            return Command(name[:4])  # no value: show the current one
         if name == "k":
             return Command("k", parse_k(arg))
         if name in ("temp", "temperature"):

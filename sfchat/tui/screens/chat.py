@@ -15,7 +15,7 @@ from sfchat import settings as settings_mod
 from sfchat import store
 from sfchat.options import RingOptions
 
-from .. import commands
+from .. import clipboard, commands
 from ..messages import (AnswerDelta, AnswerDone, AnswerFailed, DraftChecked, EngineFailed, LogLine, Ready, Recovering,
                         RingChanged, RoundDone, Status)
 from ..widgets.conversation import ChatMessage, Conversation
@@ -24,6 +24,7 @@ from ..widgets.ring import RingPanel
 from ..widgets.stats import StatsPanel
 from .help import HelpScreen
 from .history import HistoryScreen
+from .legend import LegendScreen
 
 
 def drafter_label(spec: str | None) -> str:
@@ -45,13 +46,15 @@ class ChatScreen(Screen):
     BINDINGS = [
         Binding("escape", "stop", "Stop answer"),
         Binding("f1", "help", "Help"),
+        Binding("f2", "legend", "Stats legend", show=False),
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+o", "chats", "Chats"),
         Binding("ctrl+y", "copy_answer", "Copy answer"),
         Binding("ctrl+t", "copy_invite", "Copy invite"),
     ]
     KEYS = [("Enter", "send the prompt or run the /command"), ("Up / Down", "walk the prompt history"),
-            ("Esc", "stop the answer"), ("F1", "help"), ("Ctrl+N", "new chat"), ("Ctrl+O", "saved chats"),
+            ("Esc", "stop the answer"), ("F1", "help"), ("F2", "what the stats panel shows"), ("Ctrl+N", "new chat"),
+            ("Ctrl+O", "saved chats"),
             ("Ctrl+Y", "copy the last answer"), ("Ctrl+T", "copy the invite command"),
             ("Ctrl+Q", "quit, stopping every process sfchat started")]
 
@@ -158,6 +161,10 @@ class ChatScreen(Screen):
             return
         s = self.settings
         match cmd.name:
+            case "k" if cmd.value is None:
+                self.notify(commands.current_k(self.answer.k))
+            case "temp" if cmd.value is None:
+                self.notify(commands.current_temperature(self.answer.temperature))
             case "k":
                 s.k = cmd.value
                 self.answer = replace(self.answer, k=s.k_pinned)
@@ -216,7 +223,7 @@ class ChatScreen(Screen):
         try:
             store.write_atomic(path, store.to_markdown(self.conv))
         except OSError as e:
-            self.notify(f"Cannot write {path}: {e}", severity="error")
+            self.notify(f"Cannot write {path}: {store.why_not_written(path, e)}", severity="error")
             return
         self.notify(f"Exported to {path}")
 
@@ -229,6 +236,9 @@ class ChatScreen(Screen):
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(self.KEYS))
+
+    def action_legend(self) -> None:
+        self.app.push_screen(LegendScreen())
 
     async def action_new_chat(self) -> None:
         await self.open(store.Conversation(model=self.conv.model, temperature=self.answer.temperature))
@@ -262,14 +272,14 @@ class ChatScreen(Screen):
         if not self.last_answer:
             self.notify("No answer to copy yet.")
             return
-        self.app.copy_to_clipboard(self.last_answer)
-        self.notify("Copied the last answer.")
+        self.notify(f"Copied the last answer to {clipboard.copy(self.app, self.last_answer)}.")
 
     def action_copy_invite(self) -> None:
-        invite = self.query_one(RingPanel).invite
-        if invite:
-            self.app.copy_to_clipboard(invite)
-            self.notify(f"Copied: {invite}")
+        command = self.query_one(RingPanel).command
+        if not command:
+            self.notify("No invite yet: the ring is starting.")
+            return
+        self.notify(f"Copied the invite command to {clipboard.copy(self.app, command)}.")
 
     # --- what the engine says -------------------------------------------------------------------------------
 

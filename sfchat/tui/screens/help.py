@@ -1,17 +1,28 @@
-"""Help: the commands and the keys."""
+"""Help: the commands and the keys; F2 from here shows the stats panel's legend."""
 from __future__ import annotations
 
+from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from ..commands import HELP
 
 
+def two_columns(rows: list[tuple[str, str]]) -> Table:
+    """Names in bold on the left, what they mean on the right, wrapped to the screen (never cut)."""
+    t = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(ratio=1)
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
+    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close"), Binding("f2", "legend", "Stats legend")]
 
     def __init__(self, keys: list[tuple[str, str]]) -> None:
         super().__init__()
@@ -20,13 +31,12 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="help"):
             yield Static("[b]Commands[/b] — type them in the prompt line")
-            commands = DataTable(id="help-commands", cursor_type="none", show_cursor=False)
-            commands.add_columns("command", "does")
-            commands.add_rows(HELP)
-            yield commands
+            yield Static(two_columns(HELP), id="help-commands")
             yield Static("[b]Keys[/b]")
-            keys = DataTable(id="help-keys", cursor_type="none", show_cursor=False)
-            keys.add_columns("key", "does")
-            keys.add_rows(self.keys)
-            yield keys
-            yield Static("Esc closes this screen.", id="help-close")
+            yield Static(two_columns(self.keys), id="help-keys")
+            yield Static("Esc closes this screen; F2 explains the stats panel.", id="help-close")
+
+    def action_legend(self) -> None:
+        from .legend import LegendScreen
+
+        self.app.switch_screen(LegendScreen())

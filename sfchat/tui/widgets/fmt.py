@@ -17,3 +17,7 @@ def ms(x: float | None) -> str:
 
 def pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.0f}%"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"

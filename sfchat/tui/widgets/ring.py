@@ -1,11 +1,12 @@
 """The ring panel: every member with address, layers, device, memory in use and its peak (resident set on a CPU,
-allocated tensors on a GPU), round-trip time and state; the invite; with --serve, the endpoint, its requests in
+allocated tensors on a GPU), round-trip time and state; the invite, its command on one line that never wraps
+(a TLS fingerprint broken over lines cannot be selected and pasted); with --serve, the endpoint, its requests in
 flight and the conversations each member holds caches for."""
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal
+from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
@@ -21,15 +22,46 @@ def state_cell(state: str) -> Content:
     return Content.styled(state, STATE_STYLES.get(state, ""))
 
 
-class RingPanel(Horizontal):
+def fit_command(command: str, width: int) -> str:
+    """The invite command in `width` columns: whole where it fits, else with the TLS fingerprint shortened to its
+    ends (enough to compare by eye; Ctrl+T copies it whole)."""
+    head, tls, fp = command.partition(" --tls ")
+    if len(command) <= width or not tls or len(fp) <= 20:
+        return command
+    return f"{head}{tls}{fp[:8]}…{fp[-8:]}"
+
+
+class InviteCommand(Static):
+    """The command to run on another machine, on one line as wide as the panel."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__("", **kw)
+        self.command = ""
+
+    def show(self, command: str) -> None:
+        self.command = command
+        self.refresh()
+
+    def render(self) -> Text:
+        return Text(fit_command(self.command, self.size.width), style="bold", no_wrap=True, overflow="ellipsis")
+
+
+class RingPanel(Vertical):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.border_title = "ring"
         self.invite = self.serving = ""
 
+    @property
+    def command(self) -> str:
+        """The invite's command alone (what Ctrl+T copies), without the notes under it."""
+        return self.invite.partition("\n")[0]
+
     def compose(self) -> ComposeResult:
-        yield DataTable(id="members", cursor_type="none", show_cursor=False, zebra_stripes=True)
-        yield Static("", id="invite")
+        with Horizontal(id="ring-top"):
+            yield DataTable(id="members", cursor_type="none", show_cursor=False, zebra_stripes=True)
+            yield Static("", id="invite")
+        yield InviteCommand(id="invite-command")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
@@ -55,6 +87,9 @@ class RingPanel(Horizontal):
                                                       if m.get("conversations") is not None and m["layers"])
         if (invite, serving) != (self.invite, self.serving):
             self.invite, self.serving = invite, serving
+            notes = self.invite.partition("\n")[2]
             self.query_one("#invite", Static).update(Text.assemble(
-                ("invite", "bold"), " (Ctrl+T copies it); on another machine run:\n", (invite, "bold"),
+                ("invite", "bold"), ": to join, run the command below on another machine (Ctrl+T copies it)",
+                *(("\n", (notes, "dim")) if notes else ()),
                 *(("\n", ("serving", "bold"), " ", serving) if serving else ())))
+            self.query_one(InviteCommand).show(self.command)

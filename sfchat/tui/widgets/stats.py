@@ -11,9 +11,29 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Sparkline, Static
 
-from .fmt import ms, pct
+from .fmt import ms, pct, plural
 
 SPARK_POINTS = 60
+# what the panel's rows mean (F2 shows it): a trip is one pass around the ring, the unit every number here counts
+LEGEND = [
+    ("tok/s", "tokens per second of the answer: now = over its last 8 trips, avg = since it started (the prompt's "
+              "reading included), peak = the best \"now\""),
+    ("(the line)", f"tok/s now after each trip, the last {SPARK_POINTS} trips, the newest on the right"),
+    ("tokens/trip", "tokens the answer gained per trip around the ring (the host sends its drafted guesses, every "
+                    "member runs its layers, the host checks the guesses): avg over the answer, and the last trip's. "
+                    "Above 1 means guesses were right: several tokens for the time of one"),
+    ("accepted", "the share of drafted tokens the model agreed with (accepted/drafted)"),
+    ("K", "drafted tokens sent per trip: avg and last; (tree): guesses branching where the draft was unsure. "
+          "The K setting below is what you chose: /k"),
+    ("last trip", "how long the last trip took, split into:"),
+    ("  draft", "guessing on the host (what could not overlap the trip before)"),
+    ("  host", "the host's own layers, embedding and head"),
+    ("  network", "the hidden states in transit between members"),
+    ("  peers", "the other members' layers, added up"),
+    ("  verify", "checking the guesses against what the model chose"),
+    ("since start", "answers and tokens since sfchat started, and their tokens per second"),
+    ("temp … draft", "the settings the next answer uses: /temp, /k and /draft change them"),
+]
 REFRESH_S = 0.1  # a tiny model commits ~100 rounds a second; redrawing the panel that often starves the keyboard
 
 
@@ -32,6 +52,7 @@ class StatsPanel(Vertical):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.border_title = "stats"
+        self.border_subtitle = "F2 explains"
         self.history: list[float] = []  # tokens/s now, after each round of every answer in this session
         self.latest: dict | None = None
         self.dirty = False
@@ -91,7 +112,8 @@ class StatsPanel(Vertical):
             ("accepted", f"{pct(s.get('acceptance'))} ({s.get('accepted', 0)}/{s.get('drafted', 0)} drafts)"
              if s else "—"),
             # K measured: drafts sent per trip (the setting, pinned or adaptive, is shown apart below)
-            ("K", f"{s.get('drafted', 0) / rounds:.1f} avg, {r['k']} last{' (tree)' if r.get('tree') else ''}"
+            ("K", f"{s.get('drafted', 0) / rounds:.1f} avg, {r['k']} last"
+                  f"{' (tree)' if r.get('tree') and r['k'] else ''}"
              if r and rounds else "—"),
             ("last trip", ms(r.get("round_ms"))),
             ("  draft", ms(r.get("draft_ms"))),
@@ -104,7 +126,7 @@ class StatsPanel(Vertical):
     def show_session(self) -> None:
         t = self.totals
         self.query_one("#session", Static).update(_grid([
-            ("since start", f"{t['answers']} answers, {t['tokens']} tokens"),
+            ("since start", f"{plural(t['answers'], 'answer')}, {plural(t['tokens'], 'token')}"),
             ("", f"{t['tokens'] / t['seconds']:.1f} tok/s avg" if t["seconds"] else "")]))
 
     def show_settings(self, temperature: float, k: int | None, drafter: str) -> None:
