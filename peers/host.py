@@ -148,7 +148,7 @@ class Host:
     async def _returns(self, ch: Channel) -> None:
         """The last hop's results come back here; hand each to the pass waiting for it."""
         while True:
-            msg = await ch.recv()
+            msg = await ch.recv(into=self._landing)
             if msg["t"] not in ("fwd", "fail"):
                 raise wire.WireError(f"unexpected {msg['t']!r} on the return link")
             waiter = self.waiting.get((msg.get("sid"), msg.get("seq")))
@@ -197,8 +197,8 @@ class Host:
             s.passed(committed, b)
         h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         t1 = time.perf_counter()
-        feats, logits = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish, h[0], n_logits,
-                                                      limiter=self.compute)
+        feats, logits, s.best = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish, h[0],
+                                                              n_logits, limiter=self.compute)
         s.features = (committed, ids, feats)  # what a feature draft reads next
         head_ms = (time.perf_counter() - t1) * 1e3
         total_ms = (time.perf_counter() - t0) * 1e3
@@ -213,8 +213,8 @@ class Host:
         the host's milliseconds, and each member's."""
         t0 = time.perf_counter()
         x = torch.tensor([ids], dtype=torch.long)
-        h, packed = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage, s.cache,
-                                                  committed, x, parents, bool(self.ring), limiter=self.compute)
+        h, (header, raw) = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage, s.cache,
+                                                         committed, x, parents, bool(self.ring), limiter=self.compute)
         host_ms = (time.perf_counter() - t0) * 1e3
         if not self.ring:
             return h, host_ms, []
@@ -223,7 +223,7 @@ class Host:
         self.waiting[(s.sid, seq)] = send
         try:
             await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
-                                       "committed": committed, "n_logits": n_logits, "x": packed, "trace": [],
+                                       "committed": committed, "n_logits": n_logits, "x": header, "raw": raw, "trace": [],
                                        **({"parents": parents} if parents is not None else {})})
             if sent is not None:
                 sent.set()  # the host's part is done: the round is on the wire
@@ -244,18 +244,27 @@ class Host:
             raise RingError(f"the last member returned a bad frame: {e}") from None
         return h, host_ms, reply["trace"]
 
+    def _landing(self, msg: dict, n: int) -> memoryview:
+        """Where the last hop's hidden states land: checked first, then pinned if they go on to a GPU."""
+        return validate.landing(msg, n, self.config.hidden_size, device.pinned(self.device))
+
     def _first_stage(self, cache, committed: int, x: torch.Tensor, parents, pack: bool):
-        """(worker thread) The host's layers, finished on the device before they are timed, and the frame's copy
-        of them made here rather than on trio's thread."""
+        """(worker thread) The host's layers and the frame's copy of them on the CPU, finished on the device (one
+        event) before they are timed: trio's thread never waits for the device."""
         h = self.shard.forward(cache, committed, x, parents)
+        out = tensors.host_bytes(h) if pack else (None, None)
         device.finish(self.device)
-        return h, (tensors.pack_tensor(h) if pack else None)
+        return h, out
 
     def _finish(self, h: torch.Tensor, n_logits: int):
-        """(worker thread) Features and logits, finished on the device before the pass's time is taken."""
-        feats, logits = self.shard.finish(h, n_logits)
+        """(worker thread) Features, logits and each logits row's argmax (the target's greedy choice, taken where
+        the logits are: only those ids come to the CPU), finished on the device before the pass's time is taken."""
+        feats, logits = self.shard.finish(h.to(self.device, non_blocking=True), n_logits)
+        best = logits.argmax(-1)
+        if best.device.type != "cpu":
+            best = torch.empty(best.shape, dtype=best.dtype, pin_memory=True).copy_(best, non_blocking=True)
         device.finish(self.device)
-        return feats, logits
+        return feats, logits, best.tolist()
 
     async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:
         """The pass's result, or RingError as soon as a ring member is declared lost."""

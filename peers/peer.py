@@ -224,7 +224,7 @@ class Peer:
         try:
             await server_handshake(ch, self.token)
             while True:
-                msg = await ch.recv()
+                msg = await ch.recv(into=self._landing)
                 if msg["t"] == "fail":  # an upstream failure travels on to the host
                     await self._send_next(msg)
                     continue
@@ -256,8 +256,8 @@ class Peer:
         if s is None:
             s = self.sessions[sid] = shard.new_session()
         try:
-            msg["x"], ms = await trio.to_thread.run_sync(self._compute, shard, s, msg["committed"], x,
-                                                         msg.get("parents"), limiter=self.compute)
+            (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(
+                self._compute, shard, s, msg["committed"], x, msg.get("parents"), limiter=self.compute)
         except ValueError as e:  # e.g. committed beyond what we hold: the host will replay
             self.sessions.pop(sid, None)
             return await self._fail(msg, f"{self.name}: {e}")
@@ -273,15 +273,21 @@ class Peer:
         self._changed(frames=self.st.frames + 1, sessions=len(self.sessions),
                       compute_ms=(self.st.compute_ms + [ms])[-120:])
 
-    def _compute(self, shard: Shard, s, committed: int, x, parents) -> tuple[dict, float]:
-        """(worker thread) This span's layers, finished on the device before they are timed, and packed for the
-        wire here: the copy to the CPU waits for the device, and trio's thread must not."""
+    def _landing(self, msg: dict, n: int) -> memoryview:
+        """Where a frame's hidden states land: checked first, then pinned if they go on to a GPU."""
+        shard = self.shard
+        return validate.landing(msg, n, shard.hidden_size if shard else None, device.pinned(self.device))
+
+    def _compute(self, shard: Shard, s, committed: int, x, parents) -> tuple[tuple[dict, memoryview], float]:
+        """(worker thread) This span's layers and their copy back to the CPU for the wire, finished on the device
+        (one event) before they are timed: trio's thread never waits for the device."""
         t0 = time.perf_counter()
         injected_failure(self.name, "pass", self.device)
-        h = shard.forward(s, committed, x, parents)
+        h = shard.forward(s, committed, x.to(shard.device, non_blocking=True), parents)
+        out = tensors.host_bytes(h)
         device.finish(shard.device)
         ms = (time.perf_counter() - t0) * 1e3
-        return tensors.pack_tensor(h), ms
+        return out, ms
 
     async def _fail(self, msg: dict, error: str, oom: bool = False) -> None:
         log.warning("%s", error)
