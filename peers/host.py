@@ -60,7 +60,8 @@ class Host:
                                on_change=lambda: self.on_change())
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
         self.port = 0
-        self.waiting: dict[tuple[str, int], trio.MemorySendChannel] = {}
+        # (sid, seq) -> where its reply goes, and the tensor its hidden states land in (None: one of their own)
+        self.waiting: dict[tuple[str, int], tuple[trio.MemorySendChannel, torch.Tensor | None]] = {}
         self.seq = itertools.count()
         self.compute = trio.CapacityLimiter(1)
         self.threads = torch.get_num_threads()  # for the shard's compute, whatever a draft's thread has set
@@ -153,7 +154,7 @@ class Host:
                 raise wire.WireError(f"unexpected {msg['t']!r} on the return link")
             waiter = self.waiting.get((msg.get("sid"), msg.get("seq")))
             if waiter is not None:
-                waiter.send_nowait(msg)
+                waiter[0].send_nowait(msg)
 
     # --- one pass ------------------------------------------------------------------------------------------
 
@@ -185,17 +186,22 @@ class Host:
         # chunk's `committed` is what the chunks before it left in every stage (the rollback rule, chunk by chunk)
         chunks = pass_chunks(len(ids), self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize,
                              wire.MAX_FRAME, tail=n_logits)
-        outs, host_ms, trace = [], 0.0, {}
+        # the chunks' hidden states come back into one tensor, each straight into its place
+        h = self._pass_buffer(len(ids)) if len(chunks) > 1 else None
+        host_ms, trace = 0.0, {}
         for a, b in chunks:
             last = b == len(ids)
-            h, ms, chunk_trace = await self._chunk(s, committed + a, ids[a:b], parents if last else None,
-                                                   n_logits if last else 1, sent if last else None)
-            outs.append(h)
+            place = h[:, a:b] if h is not None else None
+            out, ms, chunk_trace = await self._chunk(s, committed + a, ids[a:b], parents if last else None,
+                                                     n_logits if last else 1, sent if last else None, place)
+            if h is None:
+                h = out
+            elif out.data_ptr() != place.data_ptr():  # the host alone, or another dtype came back
+                place.copy_(out)
             host_ms += ms
             for name, peer_ms in chunk_trace:
                 trace[name] = trace.get(name, 0.0) + peer_ms
             s.passed(committed, b)
-        h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         t1 = time.perf_counter()
         feats, logits, s.best = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish, h[0],
                                                               n_logits, limiter=self.compute)
@@ -207,10 +213,19 @@ class Host:
                         "peers_ms": peers_ms, "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0),
                         "pass_ms": total_ms}
 
+    def _pass_buffer(self, n: int) -> torch.Tensor:
+        """The hidden states [1, n, hidden] of a pass that goes round in chunks: on the host's device when it is
+        alone, else on the CPU (pinned for a GPU) where the last hop's bytes land."""
+        dtype = DTYPES[self.planner.target.dtype]
+        if not self.ring:
+            return torch.empty(1, n, self.config.hidden_size, dtype=dtype, device=self.device)
+        return torch.empty(1, n, self.config.hidden_size, dtype=dtype, pin_memory=device.pinned(self.device))
+
     async def _chunk(self, s: RingSession, committed: int, ids: list[int], parents: list[int] | None,
-                     n_logits: int, sent: trio.Event | None) -> tuple[torch.Tensor, float, list]:
-        """Positions committed.. of one pass through the host's layers and round the ring: the last hidden states,
-        the host's milliseconds, and each member's."""
+                     n_logits: int, sent: trio.Event | None, place: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, float, list]:
+        """Positions committed.. of one pass through the host's layers and round the ring: the last hidden states
+        (in `place`, if given and they fit it), the host's milliseconds, and each member's."""
         t0 = time.perf_counter()
         x = torch.tensor([ids], dtype=torch.long)
         h, (header, raw) = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage, s.cache,
@@ -220,7 +235,7 @@ class Host:
             return h, host_ms, []
         seq = next(self.seq)
         send, recv = trio.open_memory_channel(1)
-        self.waiting[(s.sid, seq)] = send
+        self.waiting[(s.sid, seq)] = (send, place)
         try:
             await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
                                        "committed": committed, "n_logits": n_logits, "x": header, "raw": raw, "trace": [],
@@ -245,8 +260,10 @@ class Host:
         return h, host_ms, reply["trace"]
 
     def _landing(self, msg: dict, n: int) -> memoryview:
-        """Where the last hop's hidden states land: checked first, then pinned if they go on to a GPU."""
-        return validate.landing(msg, n, self.config.hidden_size, device.pinned(self.device))
+        """Where the last hop's hidden states land, once checked: in the place their pass keeps for them, if they
+        fit it; else a buffer of their own (pinned if they go on to a GPU)."""
+        place = self.waiting.get((msg.get("sid"), msg.get("seq")), (None, None))[1]
+        return validate.landing(msg, n, self.config.hidden_size, device.pinned(self.device), place)
 
     def _first_stage(self, cache, committed: int, x: torch.Tensor, parents, pack: bool):
         """(worker thread) The host's layers and the frame's copy of them on the CPU, finished on the device (one

@@ -23,16 +23,21 @@ def forward_frame(msg: dict, hidden_size: int) -> torch.Tensor:
     return tensors.from_bytes(msg["x"], msg.get("raw"))
 
 
-def landing(msg: dict, n: int, hidden_size: int | None, pin: bool = False) -> memoryview:
+def landing(msg: dict, n: int, hidden_size: int | None, pin: bool = False,
+            place: torch.Tensor | None = None) -> memoryview:
     """Where a data link's frame puts its n raw bytes: checked first (a frame that lies about them is refused
-    before they are read), then a buffer of the tensor's own (pinned: it goes on to a GPU). hidden_size None: a
-    member without layers yet takes the bytes only to answer that it cannot serve."""
+    before they are read), then `place` if they are a tensor of its dtype and shape, else a buffer of the
+    tensor's own (pinned: it goes on to a GPU). hidden_size None: a member without layers yet takes the bytes
+    only to answer that it cannot serve."""
     if msg.get("t") != "fwd":
         raise wire.WireError(f"{msg.get('t')}: only a 'fwd' frame carries raw bytes")
     if hidden_size is None:
         tensors.check(msg.get("x"), n)
         return memoryview(bytearray(n))
     header(msg, hidden_size)
+    if place is not None and msg["x"] == {"dtype": tensors.DTYPE_NAMES[place.dtype], "shape": list(place.shape)}:
+        tensors.check(msg["x"], n)
+        return tensors.byte_view(place)
     return tensors.landing(msg["x"], n, pin)
 
 

@@ -2,7 +2,8 @@
 peers on this machine, on a model of Qwen2.5-7B's width (hidden 3584, its MLP and heads; few layers, random
 weights, built once under --models).
 
-    python scripts/prefill_hops.py [--tokens 6000] [--layers 3] [--peers 2] [--repeats 3] [--ref REV]
+    python scripts/prefill_hops.py [--tokens 6000] [--layers 3] [--intermediate N] [--peers 2] [--repeats 3]
+                                   [--ref REV]
 
 --ref REV runs the same measurement on the code of git revision REV (exported to a temporary directory), so a
 change is measured before and after on the same machine: run it with --ref of the revision before, then without.
@@ -28,6 +29,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=6000, help="positions in the prefill (default 6000)")
     p.add_argument("--layers", type=int, default=3, help="decoder layers of the model (default 3)")
+    p.add_argument("--intermediate", type=int, default=WIDTH["intermediate_size"],
+                   help="MLP width (default Qwen2.5-7B's 18944; narrower spares the CPU, leaving the hops a larger share)")
     p.add_argument("--peers", type=int, default=2, help="local peers in the ring (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="prefills timed in each setting (default 3)")
     p.add_argument("--models", type=Path, default=Path(tempfile.gettempdir()) / "sfchat-prefill-models",
@@ -35,26 +38,28 @@ def main() -> None:
     p.add_argument("--ref", help="measure the code of this git revision instead of the working tree")
     p.add_argument("--code", type=Path, default=ROOT, help=argparse.SUPPRESS)  # (--ref: the exported tree)
     a = p.parse_args()
-    model = build_model(a.models, a.layers, a.tokens)
+    model = build_model(a.models, a.layers, a.intermediate, a.tokens)
     if a.ref:
         sys.exit(run_at(a.ref, model, a))
     sys.path.insert(0, str(a.code))
     import trio
 
-    print(f"{a.tokens}-token prefill, {a.layers} layers of Qwen2.5-7B's width, code at {describe(a.code)}", flush=True)
+    print(f"{a.tokens}-token prefill, {a.layers} layers of Qwen2.5-7B's width (MLP {a.intermediate}), code at "
+          f"{describe(a.code)}, {os.cpu_count()} CPUs", flush=True)
     alone = trio.run(measure, model, 0, a)
     ring = trio.run(measure, model, a.peers, a)
     print(f"median: one process {alone:.2f} s, host + {a.peers} peers {ring:.2f} s ({ring / alone:.2f}x)")
 
 
-def build_model(models: Path, layers: int, tokens: int) -> Path:
-    path = models / f"qwen2-3584-{layers}l"
+def build_model(models: Path, layers: int, intermediate: int, tokens: int) -> Path:
+    path = models / f"qwen2-3584-{intermediate}-{layers}l"
     if not (path / "config.json").exists():
         sys.path.insert(0, str(ROOT / "tests"))
         from tiny import make_model
 
         print(f"building a random {layers}-layer model of Qwen2.5-7B's width in {path}", flush=True)
-        make_model(path, "qwen2", layers=layers, max_position_embeddings=max(32768, tokens + 64), **WIDTH)
+        make_model(path, "qwen2", layers=layers, max_position_embeddings=max(32768, tokens + 64),
+                   **(WIDTH | {"intermediate_size": intermediate}))
     return path
 
 
@@ -66,8 +71,9 @@ def run_at(ref: str, model: Path, a) -> int:
         subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
         (Path(tree) / "REVISION").write_text(subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref],
                                                             check=True, capture_output=True, text=True).stdout)
-        args = [sys.executable, __file__, "--tokens", str(a.tokens), "--layers", str(a.layers), "--peers",
-                str(a.peers), "--repeats", str(a.repeats), "--models", str(a.models), "--code", tree]
+        args = [sys.executable, __file__, "--tokens", str(a.tokens), "--layers", str(a.layers), "--intermediate",
+                str(a.intermediate), "--peers", str(a.peers), "--repeats", str(a.repeats), "--models", str(a.models),
+                "--code", tree]
         return subprocess.run(args, cwd=tree, env=dict(os.environ, PYTHONPATH=tree)).returncode
 
 
