@@ -238,7 +238,8 @@ class Host:
         self.waiting[(s.sid, seq)] = (send, place)
         try:
             await self.first_hop.send({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "seq": seq,
-                                       "committed": committed, "n_logits": n_logits, "x": header, "raw": raw, "trace": [],
+                                       "committed": committed, "n_logits": n_logits, "x": header, "raw": raw,
+                                       "trace": [],
                                        **({"parents": parents} if parents is not None else {})})
             if sent is not None:
                 sent.set()  # the host's part is done: the round is on the wire

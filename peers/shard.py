@@ -108,7 +108,7 @@ class Shard:
         for k in list(want) + [k for k in want_head if k not in want]:
             st, moved = stored[k], None  # a tied head shares the embedding's tensor on the device
             for module, leaf in [self._slot(*t, st) for t in (want.get(k), want_head.get(k)) if t is not None]:
-                if self.quant != "none" and quantization.is_quantized(module, leaf):  # read and quantized rows at a time
+                if self.quant != "none" and quantization.is_quantized(module, leaf):  # read and quantized by rows
                     quantization.quantize(module, partial(read_rows, st, dtype=self.dtype), st.shape, self.device)
                     continue
                 moved = read(st, self.dtype).to(self.device) if moved is None else moved

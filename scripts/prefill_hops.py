@@ -30,7 +30,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=6000, help="positions in the prefill (default 6000)")
     p.add_argument("--layers", type=int, default=3, help="decoder layers of the model (default 3)")
     p.add_argument("--intermediate", type=int, default=WIDTH["intermediate_size"],
-                   help="MLP width (default Qwen2.5-7B's 18944; narrower spares the CPU, leaving the hops a larger share)")
+                   help="MLP width (default Qwen2.5-7B's 18944; a narrower one spares the CPU and leaves the hops a "
+                   "larger share)")
     p.add_argument("--peers", type=int, default=2, help="local peers in the ring (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="prefills timed in each setting (default 3)")
     p.add_argument("--models", type=Path, default=Path(tempfile.gettempdir()) / "sfchat-prefill-models",
