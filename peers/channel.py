@@ -1,5 +1,6 @@
 """A message channel over one trio stream: whole frames out, whole frames in through wire.FrameDecoder (its size
-checked before the body is read)."""
+checked before the body is read). A frame's raw bytes go out from where they lie and come in straight into the
+buffer the receiver gives them (on a plain socket, recv_into: no copy in between)."""
 from __future__ import annotations
 
 import socket
@@ -8,6 +9,7 @@ import trio
 
 from . import wire
 
+SMALL = 64 * 1024  # raw bytes up to this go out in the same send as their header
 READ_TIMEOUT = 30.0  # a silent connection cannot hold a slot for longer than this
 
 
@@ -26,30 +28,49 @@ class Channel:
         set_nodelay(stream)
 
     async def send(self, msg: dict) -> None:
-        data = wire.encode(msg)
+        head, raw = wire.frame(msg)
+        if raw is not None and len(raw) <= SMALL:
+            head, raw = head + raw, None
         async with self.send_lock:
             try:
-                await self.stream.send_all(data)
+                await self.stream.send_all(head)
+                if raw is not None:
+                    await self.stream.send_all(raw)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
                 raise ChannelClosed(f"{self.name}: {e}") from None
 
-    async def recv(self, timeout: float | None = None) -> dict:
+    async def recv(self, timeout: float | None = None, into=None) -> dict:
         """The next message; raises ChannelClosed on EOF or timeout, WireError on a malformed frame.
 
-        It reads no further than the end of that frame, so a stream handed on after a message (a relay's
-        "connected") keeps every byte that follows."""
+        `into(msg, n)`: the buffer for a message's n raw bytes, once its body is read and before they are (it may
+        check the message and raise WireError); else a new bytearray. It reads no further than the end of that
+        frame, so a stream handed on after a message (a relay's "connected") keeps every byte that follows."""
         limit = self.read_timeout if timeout is None else timeout
-        with trio.move_on_after(limit) as scope:
+        dec = self.decoder
+        dec.into = into
+        with trio.move_on_after(limit):
             while True:
                 try:
-                    chunk = await self.stream.receive_some(min(self.decoder.needed(), 1 << 20))
+                    if (place := dec.landing()) is not None:
+                        n = await self._receive_into(place)
+                        msgs = [] if (msg := dec.landed(n)) is None else [msg]
+                    else:
+                        chunk = await self.stream.receive_some(min(dec.needed(), 1 << 20))
+                        n, msgs = len(chunk), dec.feed(chunk) if chunk else []
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
                     raise ChannelClosed(f"{self.name}: {e}") from None
-                if not chunk:
+                if not n:
                     raise ChannelClosed(f"{self.name}: connection closed")
-                if msgs := self.decoder.feed(chunk):
+                if msgs:
                     return msgs[0]
         raise ChannelClosed(f"{self.name}: no message within {limit:.0f} s")
+
+    async def _receive_into(self, place: memoryview) -> int:
+        if isinstance(self.stream, trio.SocketStream):
+            return await self.stream.socket.recv_into(place)
+        chunk = await self.stream.receive_some(min(len(place), 1 << 20))  # TLS: decrypted into a new chunk
+        place[: len(chunk)] = chunk
+        return len(chunk)
 
     async def error(self, text: str) -> None:
         """Tell the other side what went wrong, then close."""

@@ -7,7 +7,19 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Where one tensor's bytes lie: its file, the offset of its first byte, its dtype (safetensors' name) and
+    shape."""
+
+    path: Path
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
 
 
 def read_header(path: Path) -> dict[str, dict]:
@@ -28,6 +40,17 @@ def weight_files(model_dir: Path) -> dict[str, Path]:
     for f in sorted(model_dir.glob("*.safetensors")):
         names.update({k: f for k in read_header(f)})
     return names
+
+
+def locations(model_dir: Path) -> dict[str, Stored]:
+    """tensor name -> where its bytes lie, from each file's header (read once)."""
+    out = {}
+    for f in sorted(set(weight_files(model_dir).values())):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+        for name, entry in read_header(f).items():
+            out[name] = Stored(f, 8 + n + entry["data_offsets"][0], entry["dtype"], tuple(entry["shape"]))
+    return out
 
 
 def tensor_shapes(model_dir: Path) -> dict[str, list[int]]:

@@ -7,6 +7,14 @@ import torch
 
 
 def finish(device: torch.device | str) -> None:
-    """Wait for the work queued on `device` (CUDA only)."""
+    """Wait for the work this thread queued on `device` (CUDA only): one event recorded on its stream, not a
+    synchronisation of the whole device, which would also wait for work on other streams."""
     if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(device))
+        done.synchronize()
+
+
+def pinned(device: torch.device | str) -> bool:
+    """Whether host buffers bound for `device` are pinned: on CUDA, so copies to it run without blocking."""
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()

@@ -208,7 +208,7 @@ class Speculation:
     def _verify(self, logits: torch.Tensor, draft: Draft, position: int) -> tuple[list[int], int]:
         """The accepted path through the drafts and the target's own next token."""
         if self.params.greedy:
-            return verify_greedy(logits, draft.tokens, draft.parents)
+            return verify_greedy(self.rs.best, draft.tokens, draft.parents)  # the argmax came with the logits
         p = self.params.probs(logits)
         n_acc, nxt = verify_sampling(p, draft.q, draft.tokens, self.params.seed, position)
         return list(range(n_acc)), nxt

@@ -63,12 +63,14 @@ class Host:
                                on_change=self._plan_changed)
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
         self.port = 0
-        self.waiting: dict[tuple[str, int], trio.MemorySendChannel] = {}
+        # (sid, seq) -> where its reply goes, and the tensor its hidden states land in (None: one of their own)
+        self.waiting: dict[tuple[str, int], tuple[trio.MemorySendChannel, torch.Tensor | None]] = {}
         self.seq = itertools.count()
         self.compute = trio.CapacityLimiter(1)
         self.turns = Turns()  # a long pass takes turns with other conversations' passes
         self.threads = torch.get_num_threads()  # for the shard's compute, whatever a draft's thread has set
         self.auto_replan = False  # `sfchat host`: re-plan as members join
+        self.batcher = Batcher(self._run_batch)  # conversations' rounds go round together
         # the conversations, while they live (by id: a RingSession, a dataclass, is not hashable)
         self.sessions: weakref.WeakValueDictionary[int, RingSession] = weakref.WeakValueDictionary()
 
@@ -163,12 +165,12 @@ class Host:
     async def _returns(self, ch: Channel) -> None:
         """The last hop's results come back here; hand each to the pass waiting for it."""
         while True:
-            msg = await ch.recv()
+            msg = await ch.recv(into=self._landing)
             if msg["t"] not in ("fwd", "fail"):
                 raise wire.WireError(f"unexpected {msg['t']!r} on the return link")
             waiter = self.waiting.get((msg.get("sid"), msg.get("seq")))
             if waiter is not None:
-                waiter.send_nowait(msg)
+                waiter[0].send_nowait(msg)
 
     # --- one pass ------------------------------------------------------------------------------------------
 
@@ -253,15 +255,16 @@ class Host:
                 r.s.restart(self.epoch, self.shard.new_session())
             items.append((r, committed, r.tokens[committed:] + r.drafts))
         passes = [(r.s.cache, c, torch.tensor([ids], dtype=torch.long), r.parents) for r, c, ids in items]
-        hs, packed = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage_many, passes,
-                                                   bool(self.ring), limiter=self.compute)
+        hs, (header, raw) = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage_many,
+                                                          passes, bool(self.ring), limiter=self.compute)
         host_ms, trace, failed = (time.perf_counter() - t0) * 1e3, [], {}
         if self.ring:
             segments = [{"sid": r.s.sid, "committed": c, "n": len(ids), "n_logits": len(r.drafts) + 1,
                          **({"parents": r.parents} if r.parents is not None else {})} for r, c, ids in items]
             try:
                 reply = await self._round_trip({"t": "fwd", "epoch": self.epoch, "sid": "", "committed": 0,
-                                                "n_logits": 1, "batch": segments, "x": packed, "trace": []},
+                                                "n_logits": 1, "batch": segments, "x": header, "raw": raw,
+                                                "trace": []},
                                                sum(len(ids) for _, _, ids in items), [r.sent for r in rounds])
                 h = validate.forward_frame(reply, self.config.hidden_size)
                 back = validate.segments(reply, h.shape[1])
@@ -282,9 +285,9 @@ class Host:
         peers_ms = sum(ms for _, ms in trace)
         timing = {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms, "batch": len(rounds),
                   "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
-        for (r, c, ids, _), (feats, logits) in zip(done, outs):
+        for (r, c, ids, _), (feats, logits, best) in zip(done, outs):
             r.s.passed(c, len(ids))
-            r.s.features = (c, ids, feats)
+            r.s.features, r.s.best = (c, ids, feats), best
             r.result = (logits, timing)
             self.turns.went(r.s.sid)
         for r, _, _ in items:
@@ -292,11 +295,12 @@ class Host:
                 r.s.lost()
                 r.error = RingError(str(failed.get(r.s.sid) or "a member left this conversation out of the pass"))
 
-    async def _round_trip(self, frame: dict, n_positions: int, sent: list) -> dict:
-        """Send a pass to the first member and wait for the last one's reply (RingError if the ring fails it)."""
+    async def _round_trip(self, frame: dict, n_positions: int, sent: list, place: torch.Tensor | None = None) -> dict:
+        """Send a pass to the first member and wait for the last one's reply (RingError if the ring fails it); the
+        reply's hidden states land in `place` if they fit it."""
         seq = frame["seq"] = next(self.seq)
         send, recv = trio.open_memory_channel(1)
-        self.waiting[(frame["sid"], seq)] = send
+        self.waiting[(frame["sid"], seq)] = (send, place)
         try:
             await self.first_hop.send(frame)
             for event in sent:
@@ -322,17 +326,24 @@ class Host:
         t0 = time.perf_counter()
         # a long pass (a prompt, a replay) goes round in chunks that each fit a frame, the drafts in the last; each
         # chunk's `committed` is what the chunks before it left in every stage (the rollback rule, chunk by chunk).
-        # While others answer, the chunks are short and take turns with their passes (peers/turns.py).
+        # While others answer, the chunks are short and take turns with their passes (peers/turns.py). The chunks'
+        # hidden states come back into one tensor, each straight into its place.
         size = chunk_positions(self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME)
-        outs, host_ms, trace, a = [], 0.0, {}, 0
+        h, host_ms, trace, a = None, 0.0, {}, 0
         while a < len(ids):
             if a:
                 await self.turns.let_others_go(s.sid, stop=lambda: self.planner.gate.replanning)
             b = chunk_end(a, len(ids), SHARED_CHUNK if self.turns.others(s.sid) else size, n_logits)
             last = b == len(ids)
-            h, ms, chunk_trace = await self._chunk(s, committed + a, ids[a:b], parents if last else None,
-                                                   n_logits if last else 1, sent if last else None)
-            outs.append(h)
+            if h is None and not last:
+                h = self._pass_buffer(len(ids))
+            place = h[:, a:b] if h is not None else None
+            out, ms, chunk_trace = await self._chunk(s, committed + a, ids[a:b], parents if last else None,
+                                                     n_logits if last else 1, sent if last else None, place)
+            if h is None:
+                h = out
+            elif out.data_ptr() != place.data_ptr():  # the host alone, or another dtype came back
+                place.copy_(out)
             host_ms += ms
             for name, peer_ms in chunk_trace:
                 trace[name] = trace.get(name, 0.0) + peer_ms
@@ -340,10 +351,9 @@ class Host:
             if not last:
                 self.turns.went(s.sid)
             a = b
-        h = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         t1 = time.perf_counter()
-        feats, logits = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish, h[0], n_logits,
-                                                      limiter=self.compute)
+        feats, logits, s.best = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish, h[0],
+                                                              n_logits, limiter=self.compute)
         s.features = (committed, ids, feats)  # what a feature draft reads next
         self.turns.went(s.sid)
         head_ms = (time.perf_counter() - t1) * 1e3
@@ -353,22 +363,31 @@ class Host:
                         "peers_ms": peers_ms, "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0),
                         "pass_ms": total_ms}
 
+    def _pass_buffer(self, n: int) -> torch.Tensor:
+        """The hidden states [1, n, hidden] of a pass that goes round in chunks: on the host's device when it is
+        alone, else on the CPU (pinned for a GPU) where the last hop's bytes land."""
+        dtype = DTYPES[self.planner.target.dtype]
+        if not self.ring:
+            return torch.empty(1, n, self.config.hidden_size, dtype=dtype, device=self.device)
+        return torch.empty(1, n, self.config.hidden_size, dtype=dtype, pin_memory=device.pinned(self.device))
+
     async def _chunk(self, s: RingSession, committed: int, ids: list[int], parents: list[int] | None,
-                     n_logits: int, sent: trio.Event | None) -> tuple[torch.Tensor, float, list]:
-        """Positions committed.. of one pass through the host's layers and round the ring: the last hidden states,
-        the host's milliseconds, and each member's."""
+                     n_logits: int, sent: trio.Event | None, place: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, float, list]:
+        """Positions committed.. of one pass through the host's layers and round the ring: the last hidden states
+        (in `place`, if given and they fit it), the host's milliseconds, and each member's."""
         t0 = time.perf_counter()
         x = torch.tensor([ids], dtype=torch.long)
-        h, packed = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage, s.cache,
-                                                  committed, x, parents, bool(self.ring), limiter=self.compute)
+        h, (header, raw) = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage, s.cache,
+                                                         committed, x, parents, bool(self.ring), limiter=self.compute)
         host_ms = (time.perf_counter() - t0) * 1e3
         if not self.ring:
             return h, host_ms, []
         try:
             reply = await self._round_trip({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "committed": committed,
-                                            "n_logits": n_logits, "x": packed, "trace": [],
+                                            "n_logits": n_logits, "x": header, "raw": raw, "trace": [],
                                             **({"parents": parents} if parents is not None else {})},
-                                           len(ids), [sent])
+                                           len(ids), [sent], place)
         except RingError:
             s.lost()
             raise
@@ -378,30 +397,44 @@ class Host:
             raise RingError(f"the last member returned a bad frame: {e}") from None
         return h, host_ms, reply["trace"]
 
+    def _landing(self, msg: dict, n: int) -> memoryview:
+        """Where the last hop's hidden states land, once checked: in the place their pass keeps for them, if they
+        fit it; else a buffer of their own (pinned if they go on to a GPU)."""
+        place = self.waiting.get((msg.get("sid"), msg.get("seq")), (None, None))[1]
+        return validate.landing(msg, n, self.config.hidden_size, device.pinned(self.device), place)
+
     def _first_stage(self, cache, committed: int, x: torch.Tensor, parents, pack: bool):
-        """(worker thread) The host's layers, finished on the device before they are timed, and the frame's copy
-        of them made here rather than on trio's thread."""
+        """(worker thread) The host's layers and the frame's copy of them on the CPU, finished on the device (one
+        event) before they are timed: trio's thread never waits for the device."""
         h = self.shard.forward(cache, committed, x, parents)
+        out = tensors.host_bytes(h) if pack else (None, None)
         device.finish(self.device)
-        return h, (tensors.pack_tensor(h) if pack else None)
+        return h, out
 
     def _first_stage_many(self, passes: list, pack: bool):
         """(worker thread) The host's layers over several conversations' passes at once (Shard.forward_many)."""
         hs = self.shard.forward_many(passes)
+        out = tensors.host_bytes(torch.cat(hs, dim=1)) if pack else (None, None)
         device.finish(self.device)
-        return hs, (tensors.pack_tensor(torch.cat(hs, dim=1)) if pack else None)
+        return hs, out
 
     def _finish_many(self, passes: list) -> list:
-        """(worker thread) Features and logits of each conversation's pass, the head run once over all of them."""
-        outs = self.shard.finish_many(passes) if passes else []
+        """(worker thread) Features, logits and argmax ids (as _finish) of each conversation's pass, the head run
+        once over all of them."""
+        outs = self.shard.finish_many([(h.to(self.device, non_blocking=True), n) for h, n in passes]) if passes else []
+        best = [logits.argmax(-1).cpu() for _, logits in outs]
         device.finish(self.device)
-        return outs
+        return [(feats, logits, b.tolist()) for (feats, logits), b in zip(outs, best)]
 
     def _finish(self, h: torch.Tensor, n_logits: int):
-        """(worker thread) Features and logits, finished on the device before the pass's time is taken."""
-        feats, logits = self.shard.finish(h, n_logits)
+        """(worker thread) Features, logits and each logits row's argmax (the target's greedy choice, taken where
+        the logits are: only those ids come to the CPU), finished on the device before the pass's time is taken."""
+        feats, logits = self.shard.finish(h.to(self.device, non_blocking=True), n_logits)
+        best = logits.argmax(-1)
+        if best.device.type != "cpu":
+            best = torch.empty(best.shape, dtype=best.dtype, pin_memory=True).copy_(best, non_blocking=True)
         device.finish(self.device)
-        return feats, logits
+        return feats, logits, best.tolist()
 
     async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:
         """The pass's result, or RingError as soon as a ring member is declared lost."""

@@ -248,7 +248,7 @@ class Peer:
         try:
             await server_handshake(ch, self.token)
             while True:
-                msg = await ch.recv()
+                msg = await ch.recv(into=self._landing)
                 if msg["t"] == "fail":  # an upstream failure travels on to the host
                     await self._send_next(msg)
                     continue
@@ -296,7 +296,8 @@ class Peer:
         if not passes:
             return await self._fail(msg, "; ".join(failed.values())) if failed else None
         try:
-            msg["x"], ms = await trio.to_thread.run_sync(self._compute, shard, passes, limiter=self.compute)
+            (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(self._compute, shard, passes,
+                                                                       limiter=self.compute)
         except ValueError as e:
             for seg in kept:
                 self.sessions.pop(seg["sid"], None)
@@ -316,15 +317,21 @@ class Peer:
         self._changed(frames=self.st.frames + 1, sessions=len(self.sessions),
                       compute_ms=(self.st.compute_ms + [ms])[-120:])
 
-    def _compute(self, shard: Shard, passes: list) -> tuple[dict, float]:
-        """(worker thread) This span's layers over the frame's passes, finished on the device before they are
-        timed, and packed for the wire here: the copy to the CPU waits for the device, and trio's thread must not."""
+    def _landing(self, msg: dict, n: int) -> memoryview:
+        """Where a frame's hidden states land: checked first, then pinned if they go on to a GPU."""
+        shard = self.shard
+        return validate.landing(msg, n, shard.hidden_size if shard else None, device.pinned(self.device))
+
+    def _compute(self, shard: Shard, passes: list) -> tuple[tuple[dict, memoryview], float]:
+        """(worker thread) This span's layers over the frame's passes and their copy back to the CPU for the wire,
+        finished on the device (one event) before they are timed: trio's thread never waits for the device."""
         t0 = time.perf_counter()
         injected_failure(self.name, "pass", self.device)
-        hs = shard.forward_many(passes)
+        hs = shard.forward_many([(s, c, x.to(shard.device, non_blocking=True), p) for s, c, x, p in passes])
+        out = tensors.host_bytes(torch.cat(hs, dim=1) if len(hs) > 1 else hs[0])
         device.finish(shard.device)
         ms = (time.perf_counter() - t0) * 1e3
-        return tensors.pack_tensor(torch.cat(hs, dim=1) if len(hs) > 1 else hs[0]), ms
+        return out, ms
 
     async def _fail(self, msg: dict, error: str, oom: bool = False) -> None:
         log.warning("%s", error)

@@ -23,6 +23,7 @@ class RingSession:
     ring_len: int = 0  # how many of them every stage's cache holds: the next frame's `committed`
     filled: int = 0  # positions the last pass left in every stage's cache, its drafts included
     features: tuple[int, list[int], torch.Tensor] | None = None  # last pass: first position, ids, final features
+    best: list[int] | None = None  # last pass: the argmax of each logits row (the target's greedy choices)
 
     def held(self, epoch: int) -> int:
         """Positions every stage still holds under plan `epoch`; 0 after a re-plan or a failed pass."""

@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import time
 import weakref
+from functools import partial
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from . import architectures, kv, packed
+from . import quant as quantization
+from .checkpoint import Stored, locations
 from .graphs import Graphs, bucket
-from .checkpoint import weight_files
 from .memory import release_freed
 from .errors import ModelError
 from .plan import Span
 from .kv import SessionCache
+from .reader import read, read_rows
 from .tensors import DTYPES
 
 SPARE_SLOTS = 1  # finished conversations' caches kept with their graphs for the next (memory the plan does not count)
@@ -74,8 +76,7 @@ class Shard:
         self.rotary = self.family.rotary(config, inner, self.device, self._kinds())
         self.quant = quant
         if quant != "none":  # swapped on the meta device, each matrix quantized as it is read (peers/quant.py)
-            from . import quant as q
-            q.swap_linears(self.layers, quant, self.dtype)
+            quantization.swap_linears(self.layers, quant, self.dtype)
         self._load(model_dir)
         if self.embed is not None:
             self.family.prepare_embedding(config, self.embed, self.device)
@@ -97,49 +98,43 @@ class Shard:
         return want
 
     def _load(self, model_dir: Path) -> None:
-        files = weight_files(model_dir)
+        stored = locations(model_dir)
         want = self._wanted()
         if self.lm_head is not None:
             # a tied head is not stored: it *is* the embedding matrix (leaving it unset gives garbage text)
-            head_key = "lm_head.weight" if "lm_head.weight" in files else "model.embed_tokens.weight"
-            if head_key not in files:
+            head_key = "lm_head.weight" if "lm_head.weight" in stored else "model.embed_tokens.weight"
+            if head_key not in stored:
                 raise ModelError("the checkpoint has neither lm_head.weight nor embed_tokens to tie it to")
             want_head = {head_key: (self.lm_head, "weight")}
         else:
             want_head = {}
-        missing = [k for k in want if k not in files]
+        missing = [k for k in want if k not in stored]
         if missing:
             raise ModelError(f"checkpoint lacks {len(missing)} tensors of this shard, e.g. {missing[0]}")
         for k in list(want) + [k for k in want_head if k not in want]:
-            t = _read(files[k], k, self.dtype)
-            moved = None  # a tied head shares the embedding's tensor on the device
-            for target in (want.get(k), want_head.get(k)):
-                if target is not None:
-                    moved = self._place(*target, t, moved)
-            del t, moved  # one tensor in full precision at a time
+            st, moved = stored[k], None  # a tied head shares the embedding's tensor on the device
+            for module, leaf in [self._slot(*t, st) for t in (want.get(k), want_head.get(k)) if t is not None]:
+                if self.quant != "none" and quantization.is_quantized(module, leaf):  # read and quantized by rows
+                    quantization.quantize(module, partial(read_rows, st, dtype=self.dtype), st.shape, self.device)
+                    continue
+                moved = read(st, self.dtype).to(self.device) if moved is None else moved
+                setattr(module, leaf, torch.nn.Parameter(moved, requires_grad=False))
+            del moved  # one tensor in full precision at a time
             if self.quant != "none":
                 release_freed()
         for m in self.modules():
             m.eval().requires_grad_(False)
         release_freed()  # the full-precision copies read on the way
 
-    def _place(self, module: torch.nn.Module, name: str, t: torch.Tensor, moved: torch.Tensor | None):
-        """Put the CPU tensor t into module.name: quantized there, or as it is on the device (returned, so a
-        second target of the same tensor shares it)."""
+    def _slot(self, module: torch.nn.Module, name: str, st: Stored) -> tuple[torch.nn.Module, str]:
+        """The module and attribute that module.name names, once the stored tensor's shape is the one it expects."""
         *path, leaf = name.split(".")
         for p in path:
             module = getattr(module, p)
         old = getattr(module, leaf)
-        if tuple(old.shape) != tuple(t.shape):
-            raise ModelError(f"tensor {name} has shape {tuple(t.shape)}, the model expects {tuple(old.shape)}")
-        if self.quant != "none":
-            from . import quant
-            if quant.is_quantized(module, leaf):
-                quant.quantize(module, t, self.device)
-                return moved
-        moved = t.to(self.device) if moved is None else moved
-        setattr(module, leaf, torch.nn.Parameter(moved, requires_grad=False))
-        return moved
+        if tuple(old.shape) != tuple(st.shape):
+            raise ModelError(f"tensor {name} has shape {tuple(st.shape)}, the model expects {tuple(old.shape)}")
+        return module, leaf
 
     def modules(self) -> list[torch.nn.Module]:
         return [m for m in (self.layers, self.embed, self.norm, self.lm_head) if m is not None]
@@ -287,10 +282,3 @@ class Shard:
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.finish(h, h.shape[-2])[1]
-
-
-def _read(path: Path, name: str, dtype: torch.dtype) -> torch.Tensor:
-    """One tensor, copied out of the file onto the CPU in `dtype`. The file is mapped only while this tensor is
-    read: pages of a mapping count as resident while it lives, so one kept open would hold every tensor read so far."""
-    with safe_open(path, framework="pt", device="cpu") as st:
-        return st.get_tensor(name).to(dtype=dtype, copy=True)

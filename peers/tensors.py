@@ -1,6 +1,8 @@
-"""Tensors on the wire: a map of dtype name, shape and raw bytes inside a CBOR frame; no pickle.
+"""Tensors on the wire: a map of dtype name and shape in the CBOR body, the bytes themselves raw after it
+(wire.py); no pickle, and no copy on the way that the socket does not make.
 
-bfloat16 has no numpy dtype, so its bytes travel as int16 of the same width.
+A tensor leaves from its own memory (a GPU's through a pinned host buffer) and lands in one allocated for it
+once its header was checked (pinned when it goes on to a GPU), which it then shares.
 """
 from __future__ import annotations
 
@@ -10,40 +12,60 @@ from .wire import WireError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}  # dtype names, on the wire and in --dtype, mean these
+MAX_ELEMENTS = 1 << 28
 
 
-def pack_tensor(t: torch.Tensor, wire_dtype: torch.dtype | None = None) -> dict:
+def host_bytes(t: torch.Tensor, wire_dtype: torch.dtype | None = None) -> tuple[dict, memoryview]:
+    """(header, raw bytes) of t on the CPU. A GPU tensor is copied into pinned memory without waiting: the caller
+    waits for its device (device.finish) before the bytes are read."""
     t = t.detach()
     if wire_dtype is not None and t.dtype != wire_dtype:
         t = t.to(wire_dtype)
-    t = t.contiguous().cpu()
-    # bfloat16 has no numpy dtype: move its bytes as int16, which has the same width
-    raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-    return {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data": raw.numpy().tobytes()}
+    if t.device.type == "cpu":
+        t = t.contiguous()
+    else:
+        t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+    return {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape)}, byte_view(t)
 
 
-def unpack_tensor(d: object, max_elements: int = 1 << 28) -> torch.Tensor:
+def byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, shared (the view keeps the tensor alive)."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def landing(header: object, n: int, pin: bool = False) -> memoryview:
+    """A buffer for the n raw bytes of the tensor `header` describes, once the header and n agree (WireError
+    otherwise): pinned memory when the tensor goes on to a GPU."""
+    dtype, shape = check(header, n)
+    return byte_view(torch.empty(shape, dtype=dtype, pin_memory=pin))
+
+
+def from_bytes(header: object, raw: object) -> torch.Tensor:
+    """The tensor `header` describes, sharing the bytes `raw` (a writable buffer, as landing gives)."""
+    if raw is None:
+        raise WireError("tensor bytes must follow the frame's body as raw bytes")
+    raw = memoryview(raw).cast("B")
+    dtype, shape = check(header, len(raw))
+    if not len(raw):
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def check(d: object, n: int) -> tuple[torch.dtype, list[int]]:
+    """The dtype and shape a tensor header names, if they fit n bytes and the limits."""
     if not isinstance(d, dict):
         raise WireError("tensor must be a map")
-    dtype, shape, data = d.get("dtype"), d.get("shape"), d.get("data")
+    dtype, shape = d.get("dtype"), d.get("shape")
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise WireError(f"unknown tensor dtype {dtype!r}")
     if not isinstance(shape, list) or not all(isinstance(s, int) and 0 <= s for s in shape) or len(shape) > 4:
         raise WireError(f"bad tensor shape {shape!r}")
-    if not isinstance(data, bytes):
-        raise WireError("tensor data must be bytes")
-    n = 1
+    elements = 1
     for s in shape:
-        n *= s
-    if n > max_elements:
-        raise WireError(f"tensor of {n} elements is too large")
+        elements *= s
+    if elements > MAX_ELEMENTS:
+        raise WireError(f"tensor of {elements} elements is too large")
     dt = DTYPES[dtype]
-    if len(data) != n * dt.itemsize:
-        raise WireError(f"tensor data is {len(data)} bytes, shape {shape} of {dtype} needs {n * dt.itemsize}")
-    if n == 0:
-        return torch.empty(shape, dtype=dt)
-    # frombuffer shares the bytes (no copy); the bytes object is immutable, so copy once to get a writable tensor
-    flat = torch.frombuffer(bytearray(data), dtype=torch.int16 if dt == torch.bfloat16 else dt)
-    if dt == torch.bfloat16:
-        flat = flat.view(torch.bfloat16)
-    return flat.reshape(shape)
+    if n != elements * dt.itemsize:
+        raise WireError(f"tensor data is {n} bytes, shape {shape} of {dtype} needs {elements * dt.itemsize}")
+    return dt, shape

@@ -135,10 +135,9 @@ def attention_mask(committed: int, n_tokens: int, parents: list[int], window: in
     return allowed[None, None].to(device)
 
 
-def verify_greedy(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
-    """logits [1 + nodes, V]: row 0 at the root, row i + 1 at node i. Walk down from the root while the target's
-    argmax is one of the children: (the accepted nodes, the target's own next token after them)."""
-    best = logits.argmax(-1).tolist()
+def verify_greedy(best: list[int], tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+    """best: the target's argmax at the root (0) and at each node i (i + 1), taken where the logits are. Walk down
+    from the root while that choice is one of the children: (the accepted nodes, the target's own next token)."""
     children: dict[int, dict[int, int]] = {}
     for i, (t, p) in enumerate(zip(tokens, parents)):
         children.setdefault(p, {}).setdefault(t, i)

@@ -18,7 +18,31 @@ def need(msg: dict, key: str, kind: type | tuple, lo: int | None = None):
 
 
 def forward_frame(msg: dict, hidden_size: int) -> torch.Tensor:
-    """Check a 'fwd' frame and return its hidden states [1, T, H]."""
+    """Check a 'fwd' frame and return its hidden states [1, T, H], sharing the raw bytes they came in."""
+    header(msg, hidden_size)
+    return tensors.from_bytes(msg["x"], msg.get("raw"))
+
+
+def landing(msg: dict, n: int, hidden_size: int | None, pin: bool = False,
+            place: torch.Tensor | None = None) -> memoryview:
+    """Where a data link's frame puts its n raw bytes: checked first (a frame that lies about them is refused
+    before they are read), then `place` if they are a tensor of its dtype and shape, else a buffer of the
+    tensor's own (pinned: it goes on to a GPU). hidden_size None: a member without layers yet takes the bytes
+    only to answer that it cannot serve."""
+    if msg.get("t") != "fwd":
+        raise wire.WireError(f"{msg.get('t')}: only a 'fwd' frame carries raw bytes")
+    if hidden_size is None:
+        tensors.check(msg.get("x"), n)
+        return memoryview(bytearray(n))
+    header(msg, hidden_size)
+    if place is not None and msg["x"] == {"dtype": tensors.DTYPE_NAMES[place.dtype], "shape": list(place.shape)}:
+        tensors.check(msg["x"], n)
+        return tensors.byte_view(place)
+    return tensors.landing(msg["x"], n, pin)
+
+
+def header(msg: dict, hidden_size: int) -> None:
+    """The fields of a 'fwd' frame and the shape of the hidden states it says follow."""
     need(msg, "sid", str)
     need(msg, "seq", int, 0)
     need(msg, "epoch", int, 0)
@@ -26,18 +50,19 @@ def forward_frame(msg: dict, hidden_size: int) -> torch.Tensor:
     need(msg, "n_logits", int, 0)
     if not isinstance(msg.get("trace"), list) or len(msg["trace"]) > 64:
         raise wire.WireError("fwd: 'trace' must be a short list")
-    x = tensors.unpack_tensor(msg.get("x"))
-    ok = x.is_floating_point() and x.dim() == 3 and x.shape[2] == hidden_size
-    if not ok or x.shape[0] != 1 or not 0 < x.shape[1] <= MAX_TOKENS_PER_FRAME:
-        raise wire.WireError(f"fwd: tensor of {x.dtype} {list(x.shape)} does not fit this stage (hidden {hidden_size})")
+    x = msg.get("x")
+    shape, dtype = (x.get("shape"), x.get("dtype")) if isinstance(x, dict) else (None, None)
+    floating = dtype in tensors.DTYPES and tensors.DTYPES[dtype].is_floating_point
+    ok = floating and isinstance(shape, list) and len(shape) == 3 and shape[2] == hidden_size
+    if not ok or shape[0] != 1 or not (isinstance(shape[1], int) and 0 < shape[1] <= MAX_TOKENS_PER_FRAME):
+        raise wire.WireError(f"fwd: tensor of {dtype} {shape} does not fit this stage (hidden {hidden_size})")
     if "parents" in msg:  # a tree of drafts: one parent per draft, and at least the root before them
         try:
             tree.check_parents(msg["parents"], msg["n_logits"] - 1)
         except ValueError as e:
             raise wire.WireError(f"fwd: {e}") from None
-        if msg["n_logits"] > x.shape[1]:
+        if msg["n_logits"] > shape[1]:
             raise wire.WireError("fwd: more drafts than positions")
-    return x
 
 
 MAX_SEGMENTS = 64

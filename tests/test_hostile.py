@@ -48,16 +48,27 @@ GARBAGE = [
 ]
 
 
-def bad_frames(hidden: int, epoch: int) -> list[dict]:
+def hidden(shape, dtype=torch.float32) -> dict:
+    """A frame's hidden states: the header in the body, the bytes raw after it."""
+    header, raw = tensors.host_bytes(torch.zeros(shape, dtype=dtype))
+    return {"x": header, "raw": raw}
+
+
+def bad_frames(hidden_size: int, epoch: int) -> list[dict]:
     ok = dict(t="fwd", epoch=epoch, sid="evil", seq=0, committed=0, n_logits=1, trace=[])
+    one = hidden((1, 1, hidden_size))
     return [
-        ok | {"x": tensors.pack_tensor(torch.zeros(1, 3, hidden + 1))},  # wrong hidden size
-        ok | {"x": tensors.pack_tensor(torch.zeros(3, hidden))},  # wrong rank
-        ok | {"x": {"dtype": "float32", "shape": [1, 2, hidden], "data": b"\0" * 7}},  # lying shape
-        ok | {"x": tensors.pack_tensor(torch.zeros(1, 1, hidden, dtype=torch.int64))},  # wrong dtype
-        ok | {"committed": -5, "x": tensors.pack_tensor(torch.zeros(1, 1, hidden))},
-        ok | {"sid": 7, "x": tensors.pack_tensor(torch.zeros(1, 1, hidden))},
-        ok | {"trace": "nope", "x": tensors.pack_tensor(torch.zeros(1, 1, hidden))},
+        ok | hidden((1, 3, hidden_size + 1)),  # wrong hidden size
+        ok | hidden((3, hidden_size)),  # wrong rank
+        ok | {"x": {"dtype": "float32", "shape": [1, 2, hidden_size]}, "raw": b"\0" * 7},  # lying shape
+        ok | {"x": {"dtype": "float32", "shape": [1, 1, hidden_size]}, "raw": 1 << 27},  # a count past the limit
+        ok | {"x": {"dtype": "float32", "shape": [1, 1, hidden_size]}, "raw": "many"},  # a count that is none
+        ok | {"x": {"dtype": "float32", "shape": [1, 1, hidden_size], "data": b"\0" * 4 * hidden_size}},  # not raw
+        ok | hidden((1, 1, hidden_size), torch.int64),  # wrong dtype
+        ok | {"committed": -5} | one,
+        ok | {"sid": 7} | one,
+        ok | {"trace": "nope"} | one,
+        {"t": "fail", "raw": b"\0" * 8},  # raw bytes on a message that carries none
         {"t": "assign", "epoch": 3},  # a control message on a data link
         {"t": "who-knows"},
     ]

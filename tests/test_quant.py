@@ -1,10 +1,14 @@
 """--dtype and --quant per peer: a ring whose peer runs bfloat16 or bitsandbytes int8/nf4 still answers."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import trio
 
 from helpers import ask_json, running_ring
+from peers import quant as q
 from peers.shard import Shard, Span
 
 
@@ -34,6 +38,37 @@ def test_weights_are_stored_quantized(quant, stored, tiny_llama):
     assert linears and all(m.weight.dtype == stored for m in linears)
 
 
+@pytest.mark.parametrize("kind", ["int8", "nf4"])
+def test_a_matrix_quantized_rows_at_a_time_is_what_bitsandbytes_makes_of_it_whole(kind, monkeypatch):
+    import bitsandbytes as bnb
+
+    monkeypatch.setattr(q, "CHUNK_BYTES", 4 * 67 * 64)  # 64 rows a chunk, and a last block of 64 values cut short
+    w = torch.randn(200, 67)
+    asked = []
+
+    def read_rows(a, b):
+        asked.append(b - a)
+        return w[a:b].clone()
+
+    mine, theirs = (torch.nn.Sequential(torch.nn.Linear(67, 200, bias=False)).to("meta") for _ in range(2))
+    q.swap_linears(mine, kind, torch.float32)
+    q.swap_linears(theirs, kind, torch.float32)
+    q.quantize(mine[0], read_rows, (200, 67), torch.device("cpu"))
+    if kind == "nf4":
+        theirs[0].weight = bnb.nn.Params4bit(w.clone(), requires_grad=False, quant_type="nf4").to("cpu")
+        a, b = mine[0].weight.quant_state, theirs[0].weight.quant_state
+        assert torch.equal(a.absmax, b.absmax) and torch.equal(a.offset, b.offset)
+        assert torch.equal(a.state2.absmax, b.state2.absmax) and a.shape == b.shape and a.dtype == b.dtype
+    else:
+        theirs[0].weight = bnb.nn.Int8Params(w.clone(), requires_grad=False, has_fp16_weights=False).to("cpu")
+        assert torch.equal(mine[0].weight.SCB, theirs[0].weight.SCB)
+    assert torch.equal(mine[0].weight.data, theirs[0].weight.data)
+    x = torch.randn(3, 67)
+    with torch.inference_mode():
+        assert torch.equal(mine(x), theirs(x))
+    assert sum(asked) == 200 and max(asked) * 67 * 4 <= q.CHUNK_BYTES  # never more than a chunk in full precision
+
+
 @pytest.fixture(scope="module")
 def wide_llama(tmp_path_factory):
     """Four wide layers (~200 MB each in float32) and a tiny vocabulary: the span is nearly all the memory."""
@@ -42,9 +77,10 @@ def wide_llama(tmp_path_factory):
                       num_attention_heads=16, num_key_value_heads=16)
 
 
-def test_nf4_member_peaks_well_under_float32(wide_llama):
-    """A member quantizes each matrix as it reads it: its peak while loading stays near the quantized size plus
-    one matrix in full precision, far under the same span loaded in float32."""
+def test_nf4_member_peaks_well_under_float32_even_on_a_busy_machine(wide_llama):
+    """A member reads and quantizes each matrix a chunk of rows at a time: its peak while loading stays near the
+    quantized size plus one chunk in full precision, far under the same span loaded in float32, and a process
+    keeping a core busy meanwhile changes nothing (nothing it holds depends on how fast it goes)."""
     async def peak_of_span(quant: str) -> int:
         # the host offers just enough for the embedding, head and a pass: the member holds all four layers
         async with running_ring(wide_llama, 1, extra=["--quant", quant], offer_gb=0.08) as (host, _):
@@ -52,7 +88,13 @@ def test_nf4_member_peaks_well_under_float32(wide_llama):
             assert m.span.size == 4 and m.peak > 0, host.members_info()
             return m.peak - m.rss_before
 
-    float32, nf4 = trio.run(peak_of_span, "none"), trio.run(peak_of_span, "nf4")
+    float32 = trio.run(peak_of_span, "none")
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        nf4 = trio.run(peak_of_span, "nf4")
+    finally:
+        burner.kill()
+        burner.wait()
     span_bytes = 4 * (4 * 2048 * 2048 + 3 * 2048 * 5632 + 2 * 2048) * 4
     assert float32 > 0.9 * span_bytes, (float32, span_bytes)
-    assert nf4 <= 0.45 * float32, (nf4, float32)
+    assert nf4 <= 0.35 * float32, (nf4, float32)
