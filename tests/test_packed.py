@@ -64,7 +64,7 @@ def test_greedy_answers_in_packed_rounds_equal_transformers(arch, tmp_path):
         outs = shard.forward_many(items)
         for i, (h, d) in enumerate(zip(outs, drafts)):
             logits = shard.logits(h)[0, -(len(d) + 1):]
-            path, nxt = verify_greedy(logits, d, list(range(-1, len(d) - 1)))
+            path, nxt = verify_greedy(logits.argmax(-1).tolist(), d, list(range(-1, len(d) - 1)))
             held[i] = len(tokens[i]) + on_chain(path)
             tokens[i] += [d[p] for p in path] + [nxt]
     for t in tokens:

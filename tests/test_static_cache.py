@@ -60,7 +60,7 @@ def run_rounds(shard: Shard, want: list[int]) -> tuple[list[int], set[int]]:
             h = shard.forward(s, held + a, torch.tensor([ids[a:b]]), parents if last else None)
             lengths.add(b - a)
         logits = shard.logits(h)[0, -(len(drafts) + 1):]
-        path, nxt = verify_greedy(logits, drafts, parents or list(range(-1, len(drafts) - 1)))
+        path, nxt = verify_greedy(logits.argmax(-1).tolist(), drafts, parents or list(range(-1, len(drafts) - 1)))
         held = len(tokens) + on_chain(path)  # what every stage keeps: the chain's accepted nodes are in place
         tokens += [drafts[p] for p in path] + [nxt]
     return tokens[len(PROMPT):len(PROMPT) + len(want)], lengths
