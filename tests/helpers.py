@@ -172,6 +172,16 @@ async def check_logits_follow(host, ref, tokens: list[int], steps: int) -> list[
     return tokens
 
 
+async def cosine_to_float(host, ids: list[int], n: int = 4) -> float:
+    """The least cosine, over the last n+1 positions of one pass of `ids` through the ring, between its logits and
+    plain transformers' in float32 on the same weights: how far another dtype or quantization took them."""
+    ref = AutoModelForCausalLM.from_pretrained(host.model_dir, dtype=torch.float32)
+    logits, _ = await host.forward(host.new_session("cosine"), ids[:-n], ids[-n:])
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0, -n - 1:]
+    return float(torch.nn.functional.cosine_similarity(logits.float(), want, dim=-1).min())
+
+
 async def answer(model, draft_spec, *, prompt: str, k=None, params=None, max_new: int = 24, peers: int = 0,
                  policy=None):
     """One answer through a host with `peers` peer processes (default none) speculating with `draft_spec`

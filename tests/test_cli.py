@@ -10,7 +10,11 @@ import time
 
 import pytest
 
-from helpers import ROOT, child_env, free_port, running_ring, sfchat, wait_for_line
+from helpers import ROOT, child_env, free_port, new_chat, reference_ids, running_ring, sfchat, wait_for_line
+from peers.adaptive import KPolicy
+from peers.context import ContextError
+from peers.drafting import Drafter
+from peers.sampling import SamplingParams
 from sfchat import __version__
 from sfchat.cli import parser
 
@@ -60,15 +64,44 @@ def test_a_busy_port_is_named_with_another_to_try(tiny_llama):
                                 f"sfchat?); pick another port, e.g. --listen 127.0.0.1:{port + 1}")
 
 
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)  # past the tiny model's 512 positions
+
+
 def test_a_prompt_past_the_context_is_refused_up_front(tiny_llama):
-    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)  # past the tiny model's 512 positions
     t0 = time.monotonic()
-    p = sfchat("ask", long, "--model", str(tiny_llama), check=False)
+    p = sfchat("ask", LONG, "--model", str(tiny_llama), check=False)
     assert p.returncode == 1 and p.stdout == ""
     line = p.stderr.strip()
     assert len(line.splitlines()) == 1 and line.startswith("sfchat ask: the prompt is ")
     assert "tokens but the model's context holds 512" in line and "shorten it" in line
     print(f"refused in {time.monotonic() - t0:.1f} s: {line}")
+
+
+def test_the_refusal_comes_before_any_pass_and_leaves_the_chat_as_it_was(tiny_llama):
+    """Through a ring with a peer: no pass goes round it for a prompt that cannot fit, and the chat is as it was
+    (its next prompt answers exactly, as if the refused one had never been)."""
+    import trio
+
+    async def main():
+        async with running_ring(tiny_llama, 1) as (host, _):
+            passes, forward = [], host.forward
+
+            async def counted(*args, **kwargs):  # every pass the ring makes goes through Host.forward
+                passes.append(args[1])
+                return await forward(*args, **kwargs)
+
+            host.forward = counted
+            chat = new_chat(host)
+            with pytest.raises(ContextError):
+                await chat.reply(LONG, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                 max_new_tokens=8)
+            assert passes == [] and chat.messages == []
+            _, r = await chat.reply("hello world", drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                    max_new_tokens=8)
+            return r.token_ids, passes
+
+    ids, passes = trio.run(main)
+    assert passes and ids == reference_ids(tiny_llama, "hello world", 8)  # (the count does see passes)
 
 
 def test_ask_with_local_peers_ends_quietly_and_marks_a_cut_answer(tiny_llama):
