@@ -39,7 +39,9 @@ async def echo(stream) -> None:
         await stream.send_all(data)
 
 
-SLACK_MS = 10  # on a median of many trips: a loaded machine adds milliseconds to some trips, never takes any off
+# above a median of many trips: a relay on a loaded machine adds milliseconds of its own, never takes any off
+# (on two cores shared with other test runs it added about 10)
+SLACK_MS = 20
 
 
 async def round_trips(stream, n: int, size: int = 64) -> list[float]:
@@ -203,7 +205,7 @@ def test_shaping_adds_the_asked_delay(tmp_path):
                 added = statistics.median(r) - statistics.median(d)
                 print(f"jittered round trips: min {min(r):.1f}, median {statistics.median(r):.1f}, max {max(r):.1f} ms")
                 # each way 20 ± 10 ms: a round trip 40 ± 20, its median near 40 (two uniform draws, 30 trips)
-                assert min(r) >= 20 and 40 - SLACK_MS <= added <= 40 + SLACK_MS and statistics.pstdev(r) > 2
+                assert min(r) >= 20 and 35 <= added <= 40 + SLACK_MS and statistics.pstdev(r) > 2
                 nursery.cancel_scope.cancel()
 
         trio.run(jittered)
