@@ -1,8 +1,6 @@
 """A real `sfchat serve` process for the endpoint's tests: started, waited for, its local peers found, stopped."""
 from __future__ import annotations
 
-import os
-import re
 import signal
 import subprocess
 import sys
@@ -11,26 +9,24 @@ from pathlib import Path
 
 import httpx
 
-from helpers import ROOT
+from helpers import ROOT, child_env, children, wait_for_line
 
 KEY = "test-key"
 
 
 class Server:
     def __init__(self, model: Path, log: Path, *args: str, peers: int = 0, timeout: float = 180):
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
         cmd = [sys.executable, "-m", "sfchat", "serve", "--model", str(model), "--listen", "127.0.0.1:0",
                "--ring-listen", "127.0.0.1:0", "--local-peers", str(peers), "--api-key", KEY, *args]
         self.log = log
         with open(log, "w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
                                          stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while not (m := re.search(r"serving \S+ at (http://\S+)/v1", log.read_text())):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise AssertionError(f"sfchat serve did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+        try:
+            m = wait_for_line(log, r"serving \S+ at (http://\S+)/v1", self.proc, timeout)
+        except AssertionError:
+            self.close()
+            raise
         self.url, self.model = m.group(1), model.name
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
 
@@ -38,8 +34,7 @@ class Server:
         return self.http.get("/health").json()
 
     def peer_pids(self) -> list[int]:
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True, text=True)
-        return [int(x) for x in out.stdout.split()]
+        return children(self.proc.pid)
 
     def wait_until(self, check, timeout: float = 30, what: str = "") -> dict:
         deadline = time.monotonic() + timeout

@@ -7,7 +7,7 @@ import json
 import pytest
 import trio
 
-from helpers import greedy_reply, new_chat, reference_ids, running_ring, sfchat
+from helpers import cosine_to_float, greedy_reply, new_chat, reference_ids, running_ring, sfchat
 from peers.adaptive import KPolicy
 from peers.drafting import make_drafter
 from peers.memory import pick_dtype
@@ -70,7 +70,7 @@ def test_each_member_runs_its_own_dtype_and_says_so(tiny_qwen2):
     async def main():
         async with running_ring(tiny_qwen2, 1, extra=["--dtype", "bfloat16"]) as (host, _):
             ids = await greedy_reply(host, PROMPT, 8)
-            return ids, host.members_info()
-    ids, members = trio.run(main)
-    assert len(ids) == 8
+            return ids, host.members_info(), await cosine_to_float(host, [5, 17, 42, 99, 7, 3, 250, 11])
+    ids, members, cosine = trio.run(main)
+    assert len(ids) == 8 and cosine > 0.999  # its logits point where float32 transformers' do
     assert [m["dtype"] for m in members] == ["float32", "bfloat16"]

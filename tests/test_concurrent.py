@@ -1,8 +1,11 @@
 """Many conversations on one ring: their passes travel it at once, each answer exact; re-plans wait their turn."""
 from __future__ import annotations
 
+import signal
+
 import pytest
 import trio
+import trio.testing
 
 from helpers import greedy_reply, running_ring
 from peers.chat import eos_ids, load_tokenizer
@@ -38,7 +41,7 @@ def test_gate_shares_passes_and_gives_replans_the_ring_alone():
             await trio.sleep(0.01)
             n.start_soon(a_pass, "c", 0.01)  # arrives while the re-plan waits: goes after it
 
-    trio.run(main)
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))  # the sleeps order them, in virtual time
     assert [e[2] for e in log[:2]] == [1, 2]  # two passes in flight at once
     assert log.index(("replan", "in", 0)) > max(log.index(("a", "out")), log.index(("b", "out")))  # waited for both
     assert log.index(("c", "in", 1)) > log.index(("replan", "out"))  # and the later pass for it
@@ -68,28 +71,41 @@ async def sharing(tiny_llama, prompts):
 
 
 def test_a_request_during_a_long_replan_is_a_503_and_the_next_one_waits_it_out(tiny_llama):
-    """A re-plan holds the ring alone (as when a member is lost); a request that waits past replan_wait_s for it
-    gets a 503 naming the re-plan, and one that comes as it ends goes on."""
+    """A re-plan has the ring alone while its members load; one held up (here: stopped) holds the re-plan up. A
+    request that waits past replan_wait_s for it gets a 503 naming the re-plan, and one that comes meanwhile with
+    time to wait goes on once the re-plan is over."""
     async def main() -> None:
-        async with running_ring(tiny_llama, 1) as (host, _):
+        async with running_ring(tiny_llama, 1, dead_after_s=60.0) as (host, lp):  # stopped is not lost, here
             tok = load_tokenizer(host.model_dir)
             conv = Conversations(host, tok, eos_ids(host.model_dir, host.config, tok), Drafter(), replan_wait_s=0.3)
-            released = trio.Event()
+            peer = lp.procs[0]
+            peer.send_signal(signal.SIGSTOP)  # it will not say it took its span until it goes on
+            try:
+                async with trio.open_nursery() as n:
+                    n.start_soon(host.replan)
+                    with trio.fail_after(10):
+                        while not host.planner.gate.replanning:
+                            await trio.sleep(0.01)
+                    with pytest.raises(ApiError) as e:
+                        await conv.ring_ready()
+                    assert e.value.status == 503 and e.value.code == "ring_replanning"
+                    assert host.planner.gate.replanning  # (still: its member is still stopped)
+                    conv.replan_wait_s = 30.0
+                    waited = trio.Event()
 
-            async def replan_for(seconds: float) -> None:
-                async with host.planner.gate.alone():
-                    await trio.sleep(seconds)
-                released.set()
+                    async def next_request() -> None:
+                        await conv.ring_ready()  # returns once the re-plan is over
+                        waited.set()
 
-            async with trio.open_nursery() as n:
-                n.start_soon(replan_for, 1.0)
-                await trio.sleep(0.05)
-                with pytest.raises(ApiError) as e:
-                    await conv.ring_ready()
-                assert e.value.status == 503 and e.value.code == "ring_replanning"
-                conv.replan_wait_s = 5.0
-                await conv.ring_ready()  # returns once the re-plan is over
-                assert released.is_set() and not host.planner.gate.replanning
+                    n.start_soon(next_request)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert not waited.is_set()  # it waits, and is not refused
+                    peer.send_signal(signal.SIGCONT)
+                    with trio.fail_after(30):
+                        await waited.wait()
+                    assert not host.planner.gate.replanning
+            finally:
+                peer.send_signal(signal.SIGCONT)
 
     trio.run(main)
 

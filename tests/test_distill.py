@@ -1,7 +1,6 @@
 """`sfchat distill` on a tiny target: a loadable feature draft, exact speculation with it, better agreement than
 its initialisation on held-out prompts, resume from a checkpoint, the same weights for the same seed."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import torch
 import trio
 from safetensors.torch import load_file
 
-from helpers import ROOT, answer, reference_ids
+from helpers import ROOT, answer, child_env, reference_ids
 from peers.adaptive import LinkPolicy
 from peers.chat import load_tokenizer
 from peers.drafting import FeatureDrafter, shipped_draft
@@ -235,7 +234,7 @@ def test_cli_runs_for_seconds_and_make_drafter_picks_the_shipped_draft(tiny_llam
     models = tmp_path / "models"
     shutil.copytree(tiny_llama, models / "smollm2-135m")  # the tiny target plays the embedded default
     out = tmp_path / "drafts" / "smollm2-135m"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_MODELS_DIR=str(models), OMP_NUM_THREADS="1")
+    env = child_env(SFCHAT_MODELS_DIR=str(models), OMP_NUM_THREADS="1")
     p = subprocess.run([sys.executable, "-m", "sfchat", "distill", "--model", "smollm2-135m", "--out", str(out),
                         "--minutes", "0.1", "--batch", "8", "--max-new-tokens", "16", "--device", "cpu"],
                        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)

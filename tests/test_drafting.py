@@ -1,11 +1,10 @@
 """The drafting package: apart from training, and its shipped draft found as package data."""
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import peers.drafting
-from helpers import ROOT
+from helpers import ROOT, child_env
 from peers.drafting.feature_net import is_distilled, read_meta
 from peers.drafting.shipped import drafts_dir
 
@@ -13,7 +12,7 @@ from peers.drafting.shipped import drafts_dir
 def test_drafting_imports_nothing_from_training():
     code = "import sys, peers.drafting; print(sorted(m for m in sys.modules if m.startswith('peers.distill')))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=child_env())
     assert p.stdout.strip() == "[]"
 
 

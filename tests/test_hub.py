@@ -3,15 +3,13 @@
 made can be counted: members fetch only their layers' files, the host the embedding, head and tokenizer; a second
 start needs no hub; offline mode reads the cache and names what is missing; a dropped download resumes."""
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from helpers import ROOT, reference_ids
+from helpers import ROOT, child_env, free_port, reference_ids
 from hubstub import COMMIT, HubStub, shard_by_layer
 from tiny import make_model
 
@@ -28,7 +26,7 @@ def repo(tmp_path_factory):
 
 
 def env_for(hf_home, hub: HubStub | None = None, offline: bool = False, endpoint: str | None = None) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HOME=str(hf_home), HF_HUB_OFFLINE="1" if offline else "0")
+    env = child_env(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1" if offline else "0")
     env.pop("HF_HUB_CACHE", None)
     env["HF_ENDPOINT"] = endpoint or (hub.url if hub else "http://127.0.0.1:9")  # port 9: nothing listens
     return env
@@ -50,12 +48,6 @@ def layer_files(repo_dir, layers: str) -> set[str]:
     a, b = map(int, layers.split("-"))
     wm = json.loads((repo_dir / "model.safetensors.index.json").read_text())["weight_map"]
     return {f for k, f in wm.items() if (m := re.match(r"model\.layers\.(\d+)\.", k)) and a <= int(m.group(1)) <= b}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ask_with_joiners(tmp_path, hub: HubStub, joiners: dict[str, HubStub]):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, child_env
 from sfchat import invite
 from sfchat.invite import Interface
 
@@ -105,7 +105,7 @@ def test_a_wildcard_host_invites_by_its_default_route_address(two_machines):
     host, _ = two_machines
     code = "from sfchat import invite; print(invite.machine_addresses())"
     out = subprocess.run(in_ns(host, sys.executable, "-c", code), capture_output=True, text=True, check=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
+                         env=child_env()).stdout
     assert out.strip() == str([HOST_IP, OTHER_IP])
 
 
@@ -113,7 +113,7 @@ def test_the_printed_invite_joins_from_another_machine(two_machines, tiny_llama)
     """A headless host in one namespace listening on 0.0.0.0; the invite it prints, run as printed in the other
     namespace (sfchat on PATH there), joins; an answer comes through both; the host ends: both exit 0."""
     host_ns, join_ns = two_machines
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    env = child_env(PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
     if shutil.which("sfchat", path=env["PATH"]) is None:
         pytest.skip("no sfchat launcher next to this python")
     host = subprocess.Popen(in_ns(host_ns, sys.executable, "-m", "sfchat", "host", "--headless", "--model",

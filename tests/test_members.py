@@ -5,8 +5,7 @@ import sys
 import pytest
 import trio
 
-from helpers import ROOT, ask_json, greedy_reply, quiet_host, reference_ids, running_ring
-from sfchat.local import LocalPeers
+from helpers import ask_json, child_env, greedy_reply, reference_ids, running_ring
 
 
 def join_cmd(addr, token, model):
@@ -16,16 +15,13 @@ def join_cmd(addr, token, model):
 
 def test_wrong_token_is_refused_and_joiner_exits_nonzero(tiny_llama, caplog):
     async def main():
-        host = quiet_host(tiny_llama, token="right-token")
-        async with trio.open_nursery() as nursery:
-            await nursery.start(host.serve)
+        async with running_ring(tiny_llama, 0, token="right-token") as (host, _):
             p = await trio.run_process(join_cmd(host.address, "wrong-token", tiny_llama), capture_stdout=True,
-                                       capture_stderr=True, check=False, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                                       capture_stderr=True, check=False, env=child_env())
             with trio.fail_after(10):  # the host has dealt with that connection: it logged the refusal
                 while not any("token" in r.getMessage() for r in caplog.records if r.name == "sfchat.host"):
                     await trio.sleep(0.01)
             assert host.members == []
-            nursery.cancel_scope.cancel()
         return p
 
     p = trio.run(main)
@@ -41,18 +37,10 @@ def test_peer_with_half_the_layers_uses_well_under_the_whole_model(smollm2):
     """SmolLM2 is 540 MB in float32; a peer holding about half of 30 layers (no embedding, no head) adds ~200 MB.
     (The host holds the embedding and head on the same offer, so the peer gets a layer or two more.)"""
     async def main():
-        host = quiet_host("smollm2-135m", offer_gb=1.0)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(host.serve)
-            with LocalPeers(1, host.address, host.token, extra=["--offer-gb", "1.0"]):
-                await host.wait_members(1, timeout=120)
-                await host.replan()
-                m = host.ring[0]
-                assert 15 <= m.span.size <= 17
-                used = m.rss - m.rss_before
-                await host.close()
-            nursery.cancel_scope.cancel()
-        return used
+        async with running_ring("smollm2-135m", 1, extra=["--offer-gb", "1.0"], offer_gb=1.0) as (host, _):
+            m = host.ring[0]
+            assert 15 <= m.span.size <= 17
+            return m.rss - m.rss_before
 
     used = trio.run(main)
     whole = os.path.getsize(smollm2 / "model.safetensors")
@@ -98,19 +86,14 @@ def test_a_member_with_other_weights_is_refused(tiny_llama, tmp_path):
     prompt = "hello world"
 
     async def main():
-        host = quiet_host(tiny_llama)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(host.serve)
-            with LocalPeers(1, host.address, host.token, model=str(other)) as lp:
-                await host.wait_members(1, timeout=120)
-                await host.replan()
-                with trio.fail_after(30):
-                    while lp.procs[0].poll() is None:
-                        await trio.sleep(0.05)
-                exit_code, last = lp.procs[0].returncode, lp.log_paths[0].read_text().strip().splitlines()[-1]
-                spans = [host.shard.span] + [m.span for m in host.ring]
-                ids = await greedy_reply(host, prompt, 8)
-                nursery.cancel_scope.cancel()
+        async with running_ring(tiny_llama, 1, extra=["--model", str(other)], plan=False) as (host, lp):
+            await host.replan()  # (the last --model wins: the member starts on the other weights)
+            with trio.fail_after(30):
+                while lp.procs[0].poll() is None:
+                    await trio.sleep(0.05)
+            exit_code, last = lp.procs[0].returncode, lp.log_paths[0].read_text().strip().splitlines()[-1]
+            spans = [host.shard.span] + [m.span for m in host.ring]
+            ids = await greedy_reply(host, prompt, 8)
         return host.members[0], exit_code, last, spans, ids
 
     member, exit_code, last, spans, ids = trio.run(main)

@@ -7,12 +7,7 @@ import time
 
 import pytest
 
-from helpers import ROOT
-
-
-def children_of(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
+from helpers import child_env, children
 
 
 def alive(pid: int) -> bool:
@@ -29,10 +24,10 @@ def test_no_orphans(sig, tiny_llama, tmp_path):
     log = open(tmp_path / "host.log", "w+")  # the host's own account, shown if the ring is not what we expect
     p = subprocess.Popen([sys.executable, "-m", "sfchat", "ask", "hello world " * 20, "--model", str(tiny_llama),
                           "--local-peers", "2", "--max-new-tokens", "100000", "--draft", "none"],
-                         stdout=subprocess.PIPE, stderr=log, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         stdout=subprocess.PIPE, stderr=log, env=child_env())
     try:
         p.stdout.read(1)  # the answer is streaming: the ring is up
-        kids = children_of(p.pid)
+        kids = children(p.pid)
         assert len(kids) == 2, f"{len(kids)} local peers; the host said: {(tmp_path / 'host.log').read_text()}"
         p.send_signal(sig)
         p.wait(timeout=20)

@@ -7,7 +7,6 @@ the endpoint."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import pytest
 import trio
 from transformers import AutoTokenizer
 
-from helpers import ROOT, greedy_reply, quiet_host, reference_ids
+from helpers import child_env, free_port, greedy_reply, quiet_host, reference_ids
 from peers import checkpoint
 from peers.errors import RingError
 from peers.plan import ModelSize, Offer, host_bytes, layer_bytes, pass_bytes
@@ -33,7 +32,7 @@ def start_joiner(host, *args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "sfchat", "join", host.address, "--token", host.token,
                              "--headless", "--name", "joiner", "--listen", "127.0.0.1:0", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
+                            env=child_env(**(env or {})))
 
 
 async def exited(p: subprocess.Popen, timeout: float = 90) -> tuple[int, str]:
@@ -138,7 +137,8 @@ def reference_text(model, prompt: str, n: int) -> str:
 
 
 def test_the_chat_screen_answers_whole_when_its_local_peer_cannot_load(tiny_llama, monkeypatch):
-    from test_tui import SIZE, ask, host_app, until
+    from helpers import until
+    from test_tui import SIZE, ask, host_app
 
     monkeypatch.setenv("SFCHAT_TEST_BREAK", "local-a:load")
     app = host_app(tiny_llama, "--temperature", "0", "--max-new-tokens", "10", "--draft", "none")
@@ -171,7 +171,7 @@ def test_the_endpoint_answers_whole_when_its_local_peer_runs_out_of_memory(tiny_
 @pytest.mark.slow
 def test_the_headless_host_answers_whole_when_a_joiner_cannot_fetch_the_model(tmp_path):
     """The case a new user met: a joiner offline with an empty model cache."""
-    from test_tui_peer import free_port, headless_host
+    from test_tui_peer import headless_host
     from peers import models
 
     port, token = free_port(), "T0ken-for-the-test"
@@ -182,8 +182,8 @@ def test_the_headless_host_answers_whole_when_a_joiner_cannot_fetch_the_model(tm
         home = tmp_path / "joiner-home"
         joiner = subprocess.run([sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--token", token,
                                  "--headless", "--listen", "127.0.0.1:0"], capture_output=True, text=True,
-                                timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(home),
-                                                      SFCHAT_MODELS_DIR=str(home / "models"), PIP_NO_INDEX="1"))
+                                timeout=120, env=child_env(HOME=str(home), SFCHAT_MODELS_DIR=str(home / "models"),
+                                                          PIP_NO_INDEX="1"))
         host.communicate("What is the capital of France?\n", timeout=120)
     finally:
         if host.poll() is None:

@@ -7,7 +7,7 @@ import torch
 
 import trio
 
-from helpers import ask_json, running_ring
+from helpers import cosine_to_float, greedy_reply, running_ring
 from peers import quant as q
 from peers.shard import Shard, Span
 
@@ -24,11 +24,19 @@ def test_quantized_shard_is_close_to_float(quant, tiny_llama):
     assert any("bitsandbytes" in type(m).__module__ for m in q.layers.modules())
 
 
-@pytest.mark.parametrize("flags", [["--dtype", "bfloat16"], ["--quant", "int8"]])
-def test_ring_runs_in_other_dtypes(flags, tiny_llama):
-    got = ask_json("hello world", "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "8",
-                   "--draft", "none", "--temperature", "0", *flags)
-    assert len(got["token_ids"]) == got["stats"]["tokens"] == 8  # (this tiny model never ends its turn early)
+@pytest.mark.parametrize("flags,least", [(["--dtype", "bfloat16"], 0.999), (["--quant", "int8"], 0.99)])
+def test_ring_runs_in_other_dtypes(flags, least, tiny_llama):
+    """A peer in bfloat16 or int8: the ring's logits point where float32 transformers' do, and it answers."""
+    async def main():
+        async with running_ring(tiny_llama, 1, extra=flags) as (host, _):
+            assert host.members_info()[1]["dtype"] == ("bfloat16" if "bfloat16" in flags else "float32")
+            cosine = await cosine_to_float(host, [5, 17, 42, 99, 7, 3, 250, 11])
+            return cosine, await greedy_reply(host, "hello world", 8)
+
+    cosine, ids = trio.run(main)
+    print(f"{flags}: least cosine to float32 {cosine:.5f}")
+    assert cosine > least
+    assert len(ids) == 8  # (this tiny model never ends its turn early)
 
 
 @pytest.mark.parametrize("quant,stored", [("int8", torch.int8), ("nf4", torch.uint8)])

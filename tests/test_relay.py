@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,23 +16,19 @@ from transformers import AutoModelForCausalLM
 from peers import links
 from peers.auth import AuthError, client_handshake
 from peers.channel import Channel, parse_addr
-from helpers import check_logits_follow, running_ring
+from helpers import ROOT, check_logits_follow, child_env, running_ring, wait_for_line
 from peers.relay import Relay
 from sfchat.invite import for_host
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @contextmanager
-def relay_process(*flags: str):
-    """A real `sfchat relay` process on a free port; yields (HOST:PORT, process)."""
-    proc = subprocess.Popen([sys.executable, "-m", "sfchat", "relay", "--listen", "127.0.0.1:0", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+def relay_process(*flags: str, log):
+    """A real `sfchat relay` process on a free port, its output in `log`; yields (HOST:PORT, process)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sfchat", "relay", "--listen", "127.0.0.1:0", *flags],
+                                stdout=out, stderr=out, cwd=ROOT, env=child_env())
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("relay listening on "), line + proc.stderr.read()
-        yield line.split()[3], proc
+        yield wait_for_line(log, r"relay listening on (\S+)", proc)[1], proc
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -42,6 +37,11 @@ def relay_process(*flags: str):
 async def echo(stream) -> None:
     while data := await stream.receive_some(65536):
         await stream.send_all(data)
+
+
+# above a median of many trips: a relay on a loaded machine adds milliseconds of its own, never takes any off
+# (on two cores shared with other test runs it added about 10)
+SLACK_MS = 20
 
 
 async def round_trips(stream, n: int, size: int = 64) -> list[float]:
@@ -132,9 +132,9 @@ def test_splice_names_and_misbehaving_clients():
 
 
 @pytest.mark.parametrize("shaping", [[], ["--delay-ms", "2", "--rate-mbit", "2000"]], ids=["plain", "shaped"])
-def test_backpressure_bounds_memory(shaping):
+def test_backpressure_bounds_memory(shaping, tmp_path):
     """A receiver that stops reading stops the sender; the relay's memory stays flat; nothing is lost."""
-    with relay_process(*shaping) as (addr, proc):
+    with relay_process(*shaping, log=tmp_path / "relay.log") as (addr, proc):
         async def main():
             reading, finished = trio.Event(), trio.Event()
             sent, received = [0], [0]
@@ -177,9 +177,11 @@ def test_backpressure_bounds_memory(shaping):
         trio.run(main)
 
 
-def test_shaping_adds_the_asked_delay():
-    """--delay-ms 25 adds 50 ms to a round trip (within a few ms); jitter keeps the delay within its band."""
-    with relay_process("--delay-ms", "25") as (addr, _):
+def test_shaping_adds_the_asked_delay(tmp_path):
+    """--delay-ms 25 adds 50 ms to a round trip: no trip is quicker, and the median trip is about that much
+    slower than a direct one; with jitter each trip is still no quicker than the band's low end, and the median
+    is the middle of the band. (Upper bounds are on medians, with slack for a busy machine.)"""
+    with relay_process("--delay-ms", "25", log=tmp_path / "relay.log") as (addr, _):
         async def main():
             async with trio.open_nursery() as nursery:
                 got = await nursery.start(links.serve, echo, "127.0.0.1:0", addr, "shape/echo")
@@ -189,26 +191,29 @@ def test_shaping_adds_the_asked_delay():
                 d, r = await round_trips(direct, 20), await round_trips(relayed, 20)
                 added = statistics.median(r) - statistics.median(d)
                 print(f"direct {statistics.median(d):.2f} ms, relayed {statistics.median(r):.2f} ms: +{added:.2f} ms")
-                assert 49.5 <= added <= 54 and min(r) >= 50
+                assert min(r) >= 50 and 49.5 <= added <= 50 + SLACK_MS
                 nursery.cancel_scope.cancel()
 
         trio.run(main)
-    with relay_process("--delay-ms", "20", "--jitter-ms", "10") as (addr, _):
+    with relay_process("--delay-ms", "20", "--jitter-ms", "10", log=tmp_path / "jitter.log") as (addr, _):
         async def jittered():
             async with trio.open_nursery() as nursery:
-                got = await nursery.start(links.serve, echo, None, addr, "shape/jitter")
+                got = await nursery.start(links.serve, echo, "127.0.0.1:0", addr, "shape/jitter")
+                direct = await links.dial(f"127.0.0.1:{got.port}")
                 relayed = await links.dial(got.relay_address)
-                r = await round_trips(relayed, 30)  # also checks every byte came back in order
+                d, r = await round_trips(direct, 20), await round_trips(relayed, 30)  # every byte back in order
+                added = statistics.median(r) - statistics.median(d)
                 print(f"jittered round trips: min {min(r):.1f}, median {statistics.median(r):.1f}, max {max(r):.1f} ms")
-                assert min(r) >= 20 and max(r) <= 66 and statistics.pstdev(r) > 2
+                # each way 20 ± 10 ms: a round trip 40 ± 20, its median near 40 (two uniform draws, 30 trips)
+                assert min(r) >= 20 and 35 <= added <= 40 + SLACK_MS and statistics.pstdev(r) > 2
                 nursery.cancel_scope.cancel()
 
         trio.run(jittered)
 
 
-def test_shaping_caps_the_rate():
+def test_shaping_caps_the_rate(tmp_path):
     """--rate-mbit 16 (2 MB/s): 1 MiB one way takes at least ~0.5 s, and arrives intact."""
-    with relay_process("--rate-mbit", "16") as (addr, _):
+    with relay_process("--rate-mbit", "16", log=tmp_path / "relay.log") as (addr, _):
         async def main():
             done, blob = trio.Event(), os.urandom(1 << 20)
             got_bytes = bytearray()
@@ -233,11 +238,11 @@ def test_shaping_caps_the_rate():
         trio.run(main)
 
 
-def test_ring_through_relay(tiny_llama):
+def test_ring_through_relay(tiny_llama, tmp_path):
     """Host and two peer processes meet only through a relay process; logits equal plain transformers'.
     The relay never sees the token, and a dialer without it is refused end to end."""
     ref = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
-    with relay_process() as (addr, proc):
+    with relay_process(log=tmp_path / "relay.log") as (addr, proc):
         async def main():
             async with running_ring(tiny_llama, 2, relay=addr) as (host, _):
                 invite = for_host(host).command
@@ -251,5 +256,6 @@ def test_ring_through_relay(tiny_llama):
 
         token = trio.run(main)
         proc.terminate()
-        log = proc.stderr.read()
+        proc.wait(timeout=10)
+        log = (tmp_path / "relay.log").read_text()
     assert "registered" in log and "connected" in log and token not in log

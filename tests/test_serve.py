@@ -158,9 +158,10 @@ def test_hostile_bodies_leave_other_answers_alone(server, tiny_llama):
 
 
 def test_disconnect_cancels_and_frees_every_member(server, tiny_llama):
+    """Greedy, so the answer is the same every run: this tiny model does not end it before 400 tokens."""
     c = client(server)
     stream = c.chat.completions.create(model=tiny_llama.name, messages=user("a long story"), max_tokens=400,
-                                       temperature=0.8, stream=True)
+                                       temperature=0, stream=True)
     for i, _ in enumerate(stream):
         if i == 2:
             break

@@ -1,7 +1,7 @@
 """End to end on the real SmolLM2-135M-Instruct (pulled once from PyPI, cached): rings of real processes."""
 import pytest
 
-from helpers import ROOT, ask_json, reference_ids
+from helpers import ROOT, ask_json, assert_covers, reference_ids
 
 pytestmark = pytest.mark.slow  # every test here runs the real SmolLM2
 
@@ -18,7 +18,11 @@ def want(smollm2):
 def test_ring_of_two_peers_equals_transformers(want):
     got = ask_json(PROMPT, "--local-peers", "2", "--temperature", "0", "--max-new-tokens", str(N), "--draft", "none")
     assert got["token_ids"] == want
-    assert [m["layers"] for m in got["stats"]["members"]] and got["stats"]["tokens_per_round"] == 1.0
+    members = got["stats"]["members"]
+    assert [m["name"] for m in members] == ["host", "local-a", "local-b"], members
+    assert all(m["state"] == "ready" and m["layers"] not in ("", "none") for m in members), members
+    assert_covers(members, 30)  # SmolLM2's 30 layers, each held once
+    assert got["stats"]["tokens_per_round"] == 1.0
 
 
 @pytest.mark.parametrize("draft", ["ngram", "smollm2-135m"])

@@ -8,58 +8,50 @@ import time
 import pytest
 import trio
 
-from helpers import ROOT, quiet_host, reference_ids
+from helpers import assert_covers, child_env, children, new_chat, reference_ids, running_ring
 from peers.adaptive import KPolicy
-from peers.chat import Chat, eos_ids, load_tokenizer
 from peers.drafting import make_drafter
 from peers.sampling import SamplingParams
-from sfchat.local import LocalPeers
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 N = 40
 
 
 async def answer_with_incident(model, n_peers, incident, draft="none", after_round=4, again=False):
-    host = quiet_host(model, heartbeat_s=0.5, dead_after_s=3.0)
-    tok = load_tokenizer(host.model_dir)
     events = []
-    async with trio.open_nursery() as nursery:
-        await nursery.start(host.serve)
-        with LocalPeers(n_peers, host.address, host.token, model=str(model)) as lp:
-            await host.wait_members(n_peers, timeout=120)
-            await host.replan()
-            host.auto_replan = True
-            chat = Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
-            rounds = 0
-            done = trio.Event()
+    async with running_ring(model, n_peers, heartbeat_s=0.5, dead_after_s=3.0) as (host, lp):
+        host.auto_replan = True
+        chat = new_chat(host)
+        rounds = 0
+        done = trio.Event()
 
-            async def run_incident():
-                await incident(host, lp)
-                done.set()
+        async def run_incident():
+            await incident(host, lp)
+            done.set()
 
-            def on_round(ev):
-                nonlocal rounds
-                events.append(ev)
-                if ev["event"] == "round":
-                    rounds += 1
-                    if rounds == after_round:
-                        nursery.start_soon(run_incident)
+        def on_round(ev):
+            nonlocal rounds
+            events.append(ev)
+            if ev["event"] == "round":
+                rounds += 1
+                if rounds == after_round:
+                    nursery.start_soon(run_incident)
 
-            drafter = make_drafter(draft, host.model_dir, host.config.vocab_size, tok)
+        drafter = make_drafter(draft, host.model_dir, host.config.vocab_size, chat.tokenizer)
+        async with trio.open_nursery() as nursery:
             _, r = await chat.reply(PROMPT, drafter=drafter, params=SamplingParams(), policy=KPolicy(pinned=2),
                                     max_new_tokens=N, on_round=on_round)
             with trio.fail_after(60):
                 await done.wait()
-            if again:  # the ring as it is now answers a fresh conversation exactly too
-                chat = Chat(host, tok, eos_ids(host.model_dir, host.config, tok))
-                _, r2 = await chat.reply(PROMPT, drafter=drafter, params=SamplingParams(), policy=KPolicy(pinned=2),
-                                         max_new_tokens=N)
-                assert r2.token_ids == r.token_ids
-            ring = [(m.name, str(m.span)) for m in host.ring]
-            for p in lp.procs:  # a stopped one cannot die of SIGTERM
-                os.kill(p.pid, signal.SIGCONT) if p.poll() is None else None
-            await host.close()
-        nursery.cancel_scope.cancel()
+        async with host.planner.gate.share():  # no re-plan under way: whatever happened, the ring as it is now
+            assert_covers(host)  # holds every layer once
+        if again:  # the ring as it is now answers a fresh conversation exactly too
+            _, r2 = await new_chat(host).reply(PROMPT, drafter=drafter, params=SamplingParams(),
+                                               policy=KPolicy(pinned=2), max_new_tokens=N)
+            assert r2.token_ids == r.token_ids
+        ring = [(m.name, str(m.span)) for m in host.ring]
+        for p in lp.procs:  # a stopped one cannot die of SIGTERM
+            os.kill(p.pid, signal.SIGCONT) if p.poll() is None else None
     return r, events, ring
 
 
@@ -110,7 +102,7 @@ def test_a_restarted_member_rejoins_with_the_same_command(tiny_llama):
             while all(m.state != "lost" for m in host.members):
                 await trio.sleep(0.05)
         lp.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         env=dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_TOKEN=host.token)))
+                                         env=child_env(SFCHAT_TOKEN=host.token)))
         with trio.fail_after(60):  # it joins again and is planned in while the answer goes on
             while sum(m.state == "ready" for m in host.members) < 2:
                 await trio.sleep(0.05)
@@ -125,10 +117,9 @@ def test_ask_keeps_streaming_when_a_peer_is_killed(tiny_llama):
     from transformers import AutoTokenizer
     p = subprocess.Popen([sys.executable, "-m", "sfchat", "ask", PROMPT, "--model", str(tiny_llama),
                           "--local-peers", "2", "--max-new-tokens", "300", "--draft", "none", "--temperature", "0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env())
     first = p.stdout.read(1)  # the answer has started streaming
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(p.pid)], capture_output=True, text=True).stdout
-    peers = [int(line.split()[0]) for line in out.splitlines() if " join " in line]
+    peers = children(p.pid, " join ")
     assert len(peers) == 2
     os.kill(peers[0], signal.SIGKILL)
     rest, err = p.communicate(timeout=120)

@@ -1,10 +1,9 @@
 """--tls: every ring link encrypted, certificates pinned by fingerprint; a wrong pin is refused."""
-import os
 import sys
 
 import trio
 
-from helpers import ROOT, greedy_reply, quiet_host, reference_ids, running_ring
+from helpers import child_env, greedy_reply, quiet_host, reference_ids, running_ring
 from sfchat.invite import for_host
 
 PROMPT = "hello world, the quick brown fox"
@@ -24,18 +23,15 @@ def test_ring_over_tls_answers_exactly_and_is_encrypted(tiny_llama):
 
 def test_wrong_fingerprint_or_plain_joiner_is_refused(tiny_llama):
     async def main():
-        host = quiet_host(tiny_llama, tls=True)
         out = []
-        async with trio.open_nursery() as nursery:
-            await nursery.start(host.serve)
+        async with running_ring(tiny_llama, 0, tls=True) as (host, _):
             base = [sys.executable, "-m", "sfchat", "join", host.address, "--token", host.token, "--headless",
                     "--model", str(tiny_llama), "--listen", "127.0.0.1:0"]
             for extra in (["--tls", "00" * 32], []):
                 p = await trio.run_process(base + extra, capture_stdout=True, capture_stderr=True, check=False,
-                                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                                           env=child_env())
                 out.append((p.returncode, p.stderr.decode().strip().splitlines()[-1]))
             assert host.members == []
-            nursery.cancel_scope.cancel()
         return out
 
     (rc1, err1), (rc2, err2) = trio.run(main)
@@ -54,7 +50,7 @@ def test_a_cut_fingerprint_or_a_plain_host_is_one_line(tiny_llama):
                     "--model", str(tiny_llama), "--listen", "127.0.0.1:0", "--tls"]
             for pin in ("ab" * 28, "ab" * 32):
                 p = await trio.run_process(base + [pin], capture_stdout=True, capture_stderr=True, check=False,
-                                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                                           env=child_env())
                 out.append((p.returncode, p.stderr.decode().strip()))
             assert host.members == []
             nursery.cancel_scope.cancel()

@@ -3,23 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import subprocess
 import sys
-import time
 
-from helpers import ROOT
+from helpers import ROOT, child_env, free_port, until, wait_for_line
 from sfchat.cli import parser
 from sfchat.options import join_options
 from sfchat.tui.app import PeerApp
 from textual.widgets import Log, Sparkline
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def headless_host(model, port: int, token: str, tmp_path, stdout, *extra: str) -> subprocess.Popen:
@@ -27,13 +18,9 @@ def headless_host(model, port: int, token: str, tmp_path, stdout, *extra: str) -
     log = open(tmp_path / "host.log", "w")
     host = subprocess.Popen([sys.executable, "-m", "sfchat", "host", "--headless", "--model", str(model),
                              "--listen", f"127.0.0.1:{port}", "--token", token, *extra],
-                            stdin=subprocess.PIPE, stdout=stdout, stderr=log, text=True, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                            stdin=subprocess.PIPE, stdout=stdout, stderr=log, text=True, cwd=ROOT, env=child_env())
     log.close()  # the child writes through its own copy
-    deadline = time.monotonic() + 60
-    while "sfchat host on" not in (tmp_path / "host.log").read_text():
-        assert host.poll() is None and time.monotonic() < deadline, (tmp_path / "host.log").read_text()
-        time.sleep(0.1)
+    wait_for_line(tmp_path / "host.log", "sfchat host on", host)
     return host
 
 
@@ -46,12 +33,6 @@ def test_peer_screen_follows_a_real_ring(tiny_llama, tmp_path, caplog):
         args = parser().parse_args(["join", f"127.0.0.1:{port}", "--token", token, "--model", str(tiny_llama),
                                     "--listen", "127.0.0.1:0", "--name", "tuipeer"])
         app = PeerApp(join_options(args))
-
-        async def until(pilot, cond, what, timeout=60):
-            end = time.monotonic() + timeout
-            while not cond():
-                assert time.monotonic() < end, f"timed out waiting for {what}"
-                await pilot.pause(0.05)
 
         async def main():
             async with app.run_test(size=(120, 36)) as pilot:
@@ -88,10 +69,7 @@ def test_a_refused_peer_shows_why_and_exits_nonzero(tiny_llama, tmp_path):
 
         async def main():
             async with app.run_test(size=(120, 36)) as pilot:
-                end = time.monotonic() + 30
-                while app.fatal is None:
-                    assert time.monotonic() < end, "the refusal never showed"
-                    await pilot.pause(0.05)
+                await until(pilot, lambda: app.fatal is not None, "the refusal", 30)
                 assert app.main_screen.sub_title == "stopped"
                 await pilot.press("ctrl+q")
 

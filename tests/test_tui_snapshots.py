@@ -14,7 +14,11 @@ from sfchat.options import join_options, ring_options
 from sfchat.tui.app import HostApp, PeerApp
 from sfchat.tui.messages import LogLine, PeerChanged, Ready, RingChanged
 from sfchat.tui.widgets.prompt import PromptInput
+from sfchat.tui.widgets.ring import RingPanel
 from sfchat.tui.widgets.stats import StatsPanel
+from textual.widgets import DataTable, Log
+
+from helpers import until
 
 SIZE = (140, 42)
 MB = 2**20
@@ -68,7 +72,9 @@ async def fill_host(pilot) -> None:
     for i in range(1, 41):
         stats.add_round(round_event(i))
     stats.flush()
-    await pilot.pause()
+    table = scr.query_one(RingPanel).query_one(DataTable)
+    await until(pilot, lambda: scr.ready and table.row_count == len(MEMBERS) and scr.query_one(RingPanel).invite,
+                "the ring and the model shown", 10)
 
 
 def test_host_screen(snap_compare):
@@ -95,6 +101,7 @@ def test_peer_screen(snap_compare):
         for line in ("12:00:01 INFO joined 192.168.1.10:7340 as 1; data port 40111",
                      "12:00:04 INFO loaded layers 10-19 in 2.31 s"):
             scr.post_message(LogLine(logging.INFO, line))
-        await pilot.pause()
+        log = scr.query_one(Log)
+        await until(pilot, lambda: scr.state is state and len(log.lines) == 2, "the state and the log shown", 10)
 
     assert snap_compare(PeerApp(join_options(args), start_engine=False), terminal_size=SIZE, run_before=fill)
