@@ -1,10 +1,11 @@
 """Many conversations in one pass: the host gathers the rounds that are ready and sends them round as one frame.
 
-Each conversation has at most one round waiting (its answer waits for its pass), so a batch takes every round
-ready when the ring is free. The conversations of the last batch draft their next round while it is delivered;
-the next batch waits a little for them (about twice the time they have been taking, at most MAX_GATHER_S), so
-they stay in step: none runs more than one pass behind another, and the weights are read once per pass for all.
-A conversation that joins, or one that comes late, goes in the next batch.
+Each conversation has at most one round waiting (its answer waits for its pass). A batch takes every round that
+is ready, and waits a little (about twice the time they have been taking, at most MAX_GATHER_S) for those of
+conversations whose last round just came back and who are drafting their next: so conversations stay in step,
+none runs more than one pass behind another, and the weights are read once per pass for all of them. A batch
+goes out as soon as it is formed, even while an earlier one is on the wire, so a slow link is shared too. A
+conversation that joins, or one that comes late, goes in the next batch.
 """
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ class Round:
 
 
 class Batcher:
-    """`run_batch(rounds)` computes one batch and sets each round's result or error."""
+    """`run_batch(rounds)` computes one batch and sets each round's result or error. Batches go out as they form:
+    while one is on the wire the next may follow it (the members work on one while another travels)."""
 
     def __init__(self, run_batch, limit: int = MAX_BATCH):
         self.run_batch, self.limit = run_batch, limit
         self._send, self._queue = trio.open_memory_channel(math.inf)
-        self.expected: dict[str, float] = {}  # conversations of the last batch -> when their result was given
-        self.gather_s = 0.005  # how long the last batch's conversations have been taking to come back (x2)
+        self.back: dict[str, float] = {}  # conversation -> when its last round came back: its next one is due
+        self.gather_s = 0.005  # how long conversations have been taking to come back with their next round (x2)
         self.batches = 0  # passes sent, for the statistics
         self.rounds = 0
 
@@ -52,29 +54,32 @@ class Batcher:
         return r.result
 
     def forget(self, sid: str) -> None:
-        """A conversation that ended: the next batch does not wait for it."""
-        self.expected.pop(sid, None)
+        """A conversation that ended: no batch waits for it."""
+        self.back.pop(sid, None)
 
     async def run(self) -> None:
-        while True:
-            batch = await self._gather()
-            self.batches += 1
-            self.rounds += len(batch)
-            try:
-                await self.run_batch(batch)
-            except BaseException as e:  # every round of it fails alike; the loop serves the next
-                for r in batch:
-                    if not r.done.is_set():
-                        r.error = e if isinstance(e, Exception) else RuntimeError("the pass was cancelled")
-                        r.done.set()
-                if not isinstance(e, Exception):
-                    raise
-            now = time.monotonic()
-            self.expected = {r.s.sid: now for r in batch}
-            for r in batch:
-                r.done.set()
+        async with trio.open_nursery() as nursery:
+            while True:
+                batch = await self._gather()
+                self.batches += 1
+                self.rounds += len(batch)
+                nursery.start_soon(self._one, batch)
 
-    async def _gather(self) -> list:
+    async def _one(self, batch: list[Round]) -> None:
+        try:
+            await self.run_batch(batch)
+        except Exception as e:  # every round of it fails alike
+            for r in batch:
+                if r.result is None and r.error is None:
+                    r.error = e
+        now = time.monotonic()
+        for r in batch:
+            self.back[r.s.sid] = now
+            r.done.set()
+
+    async def _gather(self) -> list[Round]:
+        """The rounds ready now, and those of conversations whose last round just came back (they are drafting
+        their next), waited for a little."""
         batch = [await self._queue.receive()]
         deadline = time.monotonic() + self.gather_s
         while len(batch) < self.limit:
@@ -83,10 +88,12 @@ class Batcher:
                     batch.append(self._queue.receive_nowait())
                 except trio.WouldBlock:
                     break
-            missing = set(self.expected) - {r.s.sid for r in batch}
-            if not missing or len(batch) >= self.limit:
+            now = time.monotonic()
+            here = {r.s.sid for r in batch}
+            due = [sid for sid, t in self.back.items() if now - t < MAX_GATHER_S and sid not in here]
+            if not due or now >= deadline or len(batch) >= self.limit:
                 break
-            with trio.move_on_at(trio.current_time() + max(deadline - time.monotonic(), 0)) as scope:
+            with trio.move_on_after(deadline - now) as scope:
                 batch.append(await self._queue.receive())
             if scope.cancelled_caught:
                 break
@@ -94,7 +101,8 @@ class Batcher:
         return batch
 
     def _learn(self, batch: list[Round]) -> None:
-        """How long the last batch's conversations took to send their next round: the next wait is twice that."""
-        took = [r.queued - self.expected[r.s.sid] for r in batch if r.s.sid in self.expected]
+        """How long conversations took to send their next round once the last came back: the next wait is twice
+        that."""
+        took = [r.queued - self.back.pop(r.s.sid) for r in batch if r.s.sid in self.back]
         if took:
             self.gather_s = min(max(0.001, 2 * max(took)), MAX_GATHER_S)
