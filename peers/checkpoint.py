@@ -42,10 +42,12 @@ def weight_files(model_dir: Path) -> dict[str, Path]:
     return names
 
 
-def locations(model_dir: Path) -> dict[str, Stored]:
-    """tensor name -> where its bytes lie, from each file's header (read once)."""
+def locations(model_dir: Path, names=None) -> dict[str, Stored]:
+    """tensor name -> where its bytes lie, from the headers of the files that hold `names` (all: None), each read
+    once; a member has only the files of its own layers."""
+    files = weight_files(model_dir)
     out = {}
-    for f in sorted(set(weight_files(model_dir).values())):
+    for f in sorted(set(files.values()) if names is None else {files[n] for n in names if n in files}):
         with open(f, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
         for name, entry in read_header(f).items():

@@ -167,6 +167,8 @@ class Peer:
         try:
             await self._take_span(spec, span, msg, ctl)
         except Exception as e:
+            while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:  # (from a fetch's nursery)
+                e = e.exceptions[0]
             if is_oom(e):
                 self.shard = None  # what was loaded goes back before the numbers are read
                 raise CannotServe(oom_line(f"member {self.member_id} ({self.name})", self.device,

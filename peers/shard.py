@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from . import architectures, kv, packed
 from . import quant as quantization
-from .checkpoint import Stored, locations
+from .checkpoint import Stored, locations, weight_files
 from .graphs import Graphs, bucket
 from .memory import release_freed
 from .errors import ModelError
@@ -98,19 +98,20 @@ class Shard:
         return want
 
     def _load(self, model_dir: Path) -> None:
-        stored = locations(model_dir)
+        files = weight_files(model_dir)  # every tensor's file, from the index (only this shard's need be here)
         want = self._wanted()
         if self.lm_head is not None:
             # a tied head is not stored: it *is* the embedding matrix (leaving it unset gives garbage text)
-            head_key = "lm_head.weight" if "lm_head.weight" in stored else "model.embed_tokens.weight"
-            if head_key not in stored:
+            head_key = "lm_head.weight" if "lm_head.weight" in files else "model.embed_tokens.weight"
+            if head_key not in files:
                 raise ModelError("the checkpoint has neither lm_head.weight nor embed_tokens to tie it to")
             want_head = {head_key: (self.lm_head, "weight")}
         else:
             want_head = {}
-        missing = [k for k in want if k not in stored]
+        missing = [k for k in want if k not in files]
         if missing:
             raise ModelError(f"checkpoint lacks {len(missing)} tensors of this shard, e.g. {missing[0]}")
+        stored = locations(model_dir, list(want) + list(want_head))
         for k in list(want) + [k for k in want_head if k not in want]:
             st, moved = stored[k], None  # a tied head shares the embedding's tensor on the device
             for module, leaf in [self._slot(*t, st) for t in (want.get(k), want_head.get(k)) if t is not None]:

@@ -1,7 +1,6 @@
 """Help: the commands and the keys; F2 from here shows the stats panel's legend."""
 from __future__ import annotations
 
-from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -9,16 +8,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ..commands import HELP
-
-
-def two_columns(rows: list[tuple[str, str]]) -> Table:
-    """Names in bold on the left, what they mean on the right, wrapped to the screen (never cut)."""
-    t = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
-    t.add_column(style="bold", no_wrap=True)
-    t.add_column(ratio=1)
-    for row in rows:
-        t.add_row(*row)
-    return t
+from ..widgets.fmt import two_columns
 
 
 class HelpScreen(ModalScreen[None]):

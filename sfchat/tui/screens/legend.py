@@ -8,7 +8,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ..widgets.stats import LEGEND
-from .help import two_columns
+from ..widgets.fmt import two_columns
 
 
 class LegendScreen(ModalScreen[None]):

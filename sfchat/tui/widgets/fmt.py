@@ -1,6 +1,8 @@
 """Numbers as the panels show them."""
 from __future__ import annotations
 
+from rich.table import Table
+
 
 def size(n: int | None) -> str:
     if not n:
@@ -21,3 +23,13 @@ def pct(x: float | None) -> str:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def two_columns(rows: list[tuple[str, str]]) -> Table:
+    """Names in bold on the left, what they mean on the right, wrapped to the screen (never cut)."""
+    t = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(ratio=1)
+    for row in rows:
+        t.add_row(*row)
+    return t
