@@ -19,7 +19,7 @@ def test_ring_of_two_peers_equals_transformers(want):
     got = ask_json(PROMPT, "--local-peers", "2", "--temperature", "0", "--max-new-tokens", str(N), "--draft", "none")
     assert got["token_ids"] == want
     members = got["stats"]["members"]
-    assert [m["name"] for m in members] == ["host", "local-a", "local-b"], members
+    assert members[0]["name"] == "host" and sorted(m["name"] for m in members[1:]) == ["local-a", "local-b"], members
     assert all(m["state"] == "ready" and m["layers"] not in ("", "none") for m in members), members
     assert_covers(members, 30)  # SmolLM2's 30 layers, each held once
     assert got["stats"]["tokens_per_round"] == 1.0

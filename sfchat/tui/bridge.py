@@ -150,10 +150,11 @@ class Engine(Worker):
         invite = invite_for(self.opts, host)
         members = host.members_info()
         members[0]["address"] = invite.address
-        for m in members:  # a lost member is shown until the ring is re-planned without it, then dropped
+        # a lost member is shown through the re-plan around it, and dropped at the next (when one joins, say)
+        for m in members:
             if m["state"] == "lost":
                 self.lost_at.setdefault(m["id"], host.epoch)
-        members = [m for m in members if self.lost_at.get(m["id"], host.epoch) == host.epoch]
+        members = [m for m in members if host.epoch <= self.lost_at.get(m["id"], host.epoch) + 1]
         serving = ""
         if self.serving is not None:
             st = self.serving.status()
