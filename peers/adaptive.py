@@ -30,6 +30,10 @@ change (here at 4 positions), and in a ring every member pays the step. So the p
 of pass cost, and of greedy drafts made down to the floor the host verifies only the n likeliest that maximise
 the round's expected tokens per ms (select). It also compares what the drafter's confidences promised with what
 was accepted, and discounts them by that (trust): a confidence calibrated offline can be optimistic on other text.
+
+Conversations that share a pass (peers/batcher.py) share one policy, and each round is charged its share of the
+pass (pass ms / the rounds in it): R is then what the whole pass makes per ms, and a draft must pay for the time
+it adds to everyone's pass, not only to its own conversation's.
 """
 from __future__ import annotations
 

@@ -4,7 +4,10 @@ Each conversation has at most one round waiting (its answer waits for its pass).
 is ready, and waits a little (about twice the time they have been taking, at most MAX_GATHER_S) for those of
 conversations whose last round just came back and who are drafting their next: so conversations stay in step,
 none runs more than one pass behind another, and the weights are read once per pass for all of them. A batch
-goes out as soon as it is formed, even while an earlier one is on the wire, so a slow link is shared too. A
+goes out as soon as it is formed, even while an earlier one is on the wire, so a slow link is shared too, up to
+one batch in flight per separate compute device in the ring (`in_flight`): with three GPUs, three batches keep
+each one busy; where the stages share one machine's cores, two batches of four cost about twice what one batch
+of eight costs (a pass over several positions reads the weights once) and the ring gains nothing by it. A
 conversation that joins, or one that comes late, goes in the next batch.
 """
 from __future__ import annotations
@@ -38,8 +41,9 @@ class Batcher:
     """`run_batch(rounds)` computes one batch and sets each round's result or error. Batches go out as they form:
     while one is on the wire the next may follow it (the members work on one while another travels)."""
 
-    def __init__(self, run_batch, limit: int = MAX_BATCH):
-        self.run_batch, self.limit = run_batch, limit
+    def __init__(self, run_batch, limit: int = MAX_BATCH, in_flight=lambda: 1):
+        self.run_batch, self.limit, self.in_flight = run_batch, limit, in_flight
+        self.flying, self._landed = 0, trio.Event()
         self._send, self._queue = trio.open_memory_channel(math.inf)
         self.back: dict[str, float] = {}  # conversation -> when its last round came back: its next one is due
         self.gather_s = 0.005  # how long conversations have been taking to come back with their next round (x2)
@@ -60,9 +64,12 @@ class Batcher:
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             while True:
+                while self.flying >= max(1, self.in_flight()):
+                    await self._landed.wait()
                 batch = await self._gather()
                 self.batches += 1
                 self.rounds += len(batch)
+                self.flying += 1
                 nursery.start_soon(self._one, batch)
 
     async def _one(self, batch: list[Round]) -> None:
@@ -76,6 +83,9 @@ class Batcher:
         for r in batch:
             self.back[r.s.sid] = now
             r.done.set()
+        self.flying -= 1
+        self._landed.set()
+        self._landed = trio.Event()
 
     async def _gather(self) -> list[Round]:
         """The rounds ready now, and those of conversations whose last round just came back (they are drafting

@@ -3,6 +3,10 @@ result waits for it first, on a worker thread (never on trio's, which answers he
 finished when it returns, so these cost nothing there."""
 from __future__ import annotations
 
+import functools
+import socket
+from pathlib import Path
+
 import torch
 
 
@@ -18,3 +22,19 @@ def finish(device: torch.device | str) -> None:
 def pinned(device: torch.device | str) -> bool:
     """Whether host buffers bound for `device` are pinned: on CUDA, so copies to it run without blocking."""
     return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+@functools.cache
+def compute_id(device: torch.device | str) -> str:
+    """What computes on `device`, the same for every process that shares it: a GPU's own id, or the machine's for
+    its CPU (processes in network namespaces of one machine share its cores, and its boot id). The host sends
+    as many passes round at once as its ring has of these (peers/batcher.py)."""
+    d = torch.device(device)
+    if d.type == "cuda":
+        return "cuda:" + str(torch.cuda.get_device_properties(d.index or 0).uuid)
+    for f in ("/proc/sys/kernel/random/boot_id", "/etc/machine-id"):
+        try:
+            return f"{d.type}:" + Path(f).read_text().strip()
+        except OSError:
+            continue
+    return f"{d.type}:" + socket.gethostname()

@@ -14,7 +14,6 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 import trio
@@ -162,8 +161,10 @@ class Speculation:
                        peers=timing["peers"], verify_ms=round(verify_ms, 3),
                        round_ms=round((time.perf_counter() - t_round) * 1e3, 3), tree=as_tree,
                        batch=timing.get("batch", 1))
-        self.policy.update(len(drafts), len(path), timing["pass_ms"] + verify_ms, pending + len(drafts),
-                           sum(draft.sure) if by_confidence else None)
+        # a pass that carried B conversations' rounds costs this one its share: the policy then weighs a draft
+        # against what the whole pass makes per ms, not what this conversation alone makes
+        self.policy.update(len(drafts), len(path), (timing["pass_ms"] + verify_ms) / r.batch,
+                           pending + len(drafts), sum(draft.sure) if by_confidence else None)
         return r, new, at_eos
 
     def _plan(self, left: int) -> tuple[int, float, bool]:
@@ -249,8 +250,8 @@ async def _chain(drafter: Drafter, tokens: list[int], ahead: Ahead | None, want:
         drafts, q = a.tokens[:used], (a.q[:used] if a.q is not None else None)
         sure, hidden_ms = list(a.sure[:used]), ahead.ms * used / len(a.tokens)
     if len(drafts) < want and not (sure and sure[-1] < floor):
-        propose = partial(drafter.propose, floor=floor, prior=sure[-1] if sure else 1.0)
-        more, mq = await trio.to_thread.run_sync(propose, tokens + drafts, want - len(drafts), params)
+        more, mq = await drafter.draft(tokens + drafts, want - len(drafts), params, floor=floor,
+                                       prior=sure[-1] if sure else 1.0)
         drafts += more
         sure += list(drafter.confidence)
         q = mq if q is None else (torch.cat([q, mq]) if mq is not None else q)
@@ -265,7 +266,7 @@ async def _tree(drafter: Drafter, tokens: list[int], ahead: Ahead | None, floor:
     """A tree of drafts: the look-ahead's, if its bet came true and it finished, else a new one."""
     if ahead is not None and ahead.done and ahead.draft.tokens:
         return ahead.draft, ahead.ms
-    return await trio.to_thread.run_sync(drafter.propose_tree, tokens, floor, depth, MAX_NODES), 0.0
+    return await drafter.draft_tree(tokens, floor, depth, MAX_NODES), 0.0
 
 
 async def _look_ahead(drafter: Drafter, ahead: Ahead, as_tree: bool, n: int, floor: float, params: SamplingParams,
@@ -276,11 +277,9 @@ async def _look_ahead(drafter: Drafter, ahead: Ahead, as_tree: bool, n: int, flo
         return
     t0 = time.perf_counter()
     if as_tree:
-        ahead.draft = await trio.to_thread.run_sync(drafter.propose_tree, ahead.context, floor, n - 1, MAX_NODES,
-                                                    stop)
+        ahead.draft = await drafter.draft_tree(ahead.context, floor, n - 1, MAX_NODES, stop)
     else:
-        propose = partial(drafter.propose, stop=stop, floor=floor)
-        tokens, q = await trio.to_thread.run_sync(propose, ahead.context, n, params)
+        tokens, q = await drafter.draft(ahead.context, n, params, stop, floor)
         ahead.draft = Draft(tokens, chain(tokens), list(drafter.confidence), q)
     ahead.done = not stop.is_set()
     ahead.ms = (time.perf_counter() - t0) * 1e3

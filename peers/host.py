@@ -70,13 +70,17 @@ class Host:
         self.turns = Turns()  # a long pass takes turns with other conversations' passes
         self.threads = torch.get_num_threads()  # for the shard's compute, whatever a draft's thread has set
         self.auto_replan = False  # `sfchat host`: re-plan as members join
-        self.batcher = Batcher(self._run_batch)  # conversations' rounds go round together
+        self.batcher = Batcher(self._run_batch, in_flight=self.devices)  # conversations' rounds go round together
         # the conversations, while they live (by id: a RingSession, a dataclass, is not hashable)
         self.sessions: weakref.WeakValueDictionary[int, RingSession] = weakref.WeakValueDictionary()
 
     # the two planes the pass reads: who is in the ring, and the current plan
     members = property(lambda self: self.roster.members)
     ring = property(lambda self: self.planner.ring)
+
+    def devices(self) -> int:
+        """How many separate devices compute the ring's passes (the host's own and its members')."""
+        return len({device.compute_id(self.device)} | {m.compute for m in self.ring})
     epoch = property(lambda self: self.planner.epoch)
     shard = property(lambda self: self.planner.shard)
     first_hop = property(lambda self: self.planner.first_hop)

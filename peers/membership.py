@@ -44,6 +44,7 @@ class Member:
     rss: int = 0  # memory in use (resident set on a CPU, allocated tensors on a GPU), as last reported
     peak: int = 0  # the most it has used
     tls_fingerprint: str = ""
+    compute: str = ""  # what computes its layers (peers/device.py: compute_id); shared with others on one device
     sessions: int = 0  # conversations whose caches it holds (as of its last pong)
     download: dict | None = None  # while it fetches its layers' files: {"file", "done", "total"} in bytes
     rss_before: int = 0  # before it loaded its span: rss - rss_before is what the span costs
@@ -109,6 +110,7 @@ class Roster:
                    str(offer.get("dtype", "float32")), str(offer.get("quant", "none")))
         m.rss_before = int(offer.get("rss_bytes") or 0)
         m.tls_fingerprint = str(offer.get("tls_fingerprint") or "")
+        m.compute = str(offer.get("compute") or f"member {m.id}")[:80]
         if self.tls and not m.tls_fingerprint:
             raise wire.WireError("this ring uses TLS: the member must have a certificate too")
         ch.name = f"member {m.id}"

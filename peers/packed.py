@@ -14,6 +14,7 @@ import sys
 
 import torch
 from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 NAME = "sfchat_packed"
@@ -25,6 +26,19 @@ class Packed(list):
     def __init__(self, parts, bounds: list[tuple[int, int]]):
         super().__init__(parts)
         self.bounds = bounds
+
+
+class Caches:
+    """As Writer, for conversations whose caches are transformers' own (a draft's): each segment's keys and values
+    go to its conversation's cache, which returns all of that conversation's."""
+
+    def __init__(self, caches: list, bounds: list[tuple[int, int]]):
+        self.caches, self.bounds = caches, bounds
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        parts = [c.update(key_states[:, :, a:b], value_states[:, :, a:b], layer_idx)
+                 for c, (a, b) in zip(self.caches, self.bounds)]
+        return Packed([k for k, _ in parts], self.bounds), Packed([v for _, v in parts], self.bounds)
 
 
 class Writer:
@@ -65,6 +79,12 @@ def family_attention(module):
     return ALL_ATTENTION_FUNCTIONS[name]
 
 
+def family_mask(*args, config, **kwargs):
+    """The mask the family's own attention takes, for a routed model that runs its own forward (a draft's
+    single conversation): everything but a packed pass is as it was."""
+    return ALL_MASK_ATTENTION_FUNCTIONS[config.sfchat_attention](*args, config=config, **kwargs)
+
+
 def route(config) -> None:
     """Send a model's attention through `attention` (its own kind kept in config.sfchat_attention)."""
     if config._attn_implementation != NAME:
@@ -73,3 +93,4 @@ def route(config) -> None:
 
 
 AttentionInterface.register(NAME, attention)
+AttentionMaskInterface.register(NAME, family_mask)

@@ -92,7 +92,8 @@ class Peer:
             offer = self.offer_gb * 2**30 if self.offer_gb is not None else free_bytes(self.device)
             await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
                             "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant,
-                            "rss_bytes": rss_bytes(), "tls_fingerprint": self.tls.fingerprint})
+                            "rss_bytes": rss_bytes(), "tls_fingerprint": self.tls.fingerprint,
+                            "compute": device.compute_id(self.device)})
             log.info("joined %s as %s; data port %d", self.host_addr, self.name, my_port)
             self._changed(state="joined")
             task_status.started(my_port)

@@ -96,7 +96,8 @@ def main() -> None:
         answer = []
         with torch.no_grad():
             g = d.model(torch.tensor([full[1:]]), feats[None, :-1])[0]  # index t predicts x_{t+2}
-            first, logits = d._probs(g), d.model.head(g).float()
+            logits = d.model.head(g).float()
+            first = d._probs(logits)
         for m in range(start + 1, len(full)):
             chain, _ = d.propose(full[:m], DEPTH, SamplingParams())
             ok = next((i for i, t in enumerate(chain) if m + i >= len(full) or t != full[m + i]), len(chain))

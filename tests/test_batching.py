@@ -9,6 +9,8 @@ import trio
 
 from helpers import new_chat, reference_ids, running_ring
 from peers.adaptive import KPolicy
+from peers.batcher import Batcher, Round
+from peers.device import compute_id
 from peers.drafting import Drafter
 from peers.drafting.ngram import NgramDrafter
 from peers.drafting.simulated import SimulatedDrafter
@@ -67,6 +69,8 @@ def test_eight_conversations_in_shared_passes_each_answer_exactly(tiny_qwen2):
         async with running_ring(tiny_qwen2, 2) as (host, _):
             got = await answer_all(host, PROMPTS, wants, on_round=lambda i, ev: ev.get("event") == "round" and
                                    sizes.append(ev["round"].get("batch", 1)), cancel={5})
+            # the host and both local peers compute on this machine's cores: one batch in flight at a time
+            assert {m.compute for m in host.ring} == {compute_id(host.device)} and host.devices() == 1
             return got, host.batcher.batches, host.batcher.rounds
 
     got, batches, rounds = trio.run(main)
@@ -75,6 +79,39 @@ def test_eight_conversations_in_shared_passes_each_answer_exactly(tiny_qwen2):
             assert got[i] == wants[p], (i, p)
     assert got[5] is None
     assert rounds > batches and max(sizes) >= 4  # rounds did share passes
+
+
+def test_batches_in_flight_are_as_many_as_the_ring_has_devices():
+    """The batcher sends a batch while another is on the wire only up to `in_flight` (one per device)."""
+    class Session:
+        def __init__(self, sid):
+            self.sid = sid
+
+    def most_at_once(devices: int) -> int:
+        flying, most = 0, 0
+
+        async def run_batch(rounds):
+            nonlocal flying, most
+            flying += 1
+            most = max(most, flying)
+            await trio.sleep(0.02)
+            flying -= 1
+            for r in rounds:
+                r.result = "done"
+
+        async def main():
+            b = Batcher(run_batch, limit=2, in_flight=lambda: devices)
+            async with trio.open_nursery() as n:
+                n.start_soon(b.run)
+                async with trio.open_nursery() as clients:
+                    for i in range(8):
+                        clients.start_soon(b.submit, Round(Session(f"c{i}"), [1], [], None, None))
+                n.cancel_scope.cancel()
+        trio.run(main)
+        return most
+
+    assert most_at_once(1) == 1
+    assert most_at_once(3) == 3
 
 
 def test_a_member_lost_mid_batch_every_answer_goes_on_exactly(tiny_llama):

@@ -274,8 +274,8 @@ def test_the_draft_runs_on_one_thread_and_the_host_keeps_its_count(drafts, tiny_
     ids = load_tokenizer(tiny_llama).encode(PROMPT)
     d.observe(0, ids[:-1], target_features(tiny_llama, ids)[:-1])
     seen = []
-    real = d._propose
-    d._propose = lambda *a: (seen.append(torch.get_num_threads()), real(*a))[1]
+    real = d._drive
+    d._drive = lambda steps: (seen.append(torch.get_num_threads()), real(steps))[1]
     with ThreadPoolExecutor(1) as drafting:
         assert len(drafting.submit(d.propose, ids, 3, SamplingParams()).result()[0]) == 3
         assert seen == [1] and drafting.submit(torch.get_num_threads).result() == 2  # restored

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import threading
+from functools import partial
 
 import torch
+import trio
 
 from ..sampling import SamplingParams
 
@@ -34,6 +36,7 @@ class Drafter:
     confident = False  # True: propose() honours floor and reports self.confidence
     trees = False  # True: it also has propose_tree (greedy drafts as a tree, peers/tree.py)
     confidence: tuple[float, ...] | list[float] = ()
+    share = 1.0  # the part of a call's time that was this drafter's (1/B when B conversations drafted together)
 
     def propose(self, context: list[int], n: int, params: SamplingParams, stop: threading.Event | None = None,
                 floor: float = 0.0, prior: float = 1.0) -> tuple[list[int], torch.Tensor | None]:
@@ -41,6 +44,16 @@ class Drafter:
         reckoning) that the target accepts it and every draft before it, times `prior` (the chance of the drafts
         this call continues); it stops after the first token whose chance falls below `floor`."""
         return [], None
+
+    async def draft(self, context: list[int], n: int, params: SamplingParams, stop: threading.Event | None = None,
+                    floor: float = 0.0, prior: float = 1.0) -> tuple[list[int], torch.Tensor | None]:
+        """propose, off the event loop (a drafter that drafts several conversations together overrides it)."""
+        return await trio.to_thread.run_sync(partial(self.propose, context, n, params, stop, floor, prior))
+
+    async def draft_tree(self, context: list[int], floor: float, depth: int, max_nodes: int,
+                         stop: threading.Event | None = None):
+        """propose_tree (a drafter with trees has it), off the event loop."""
+        return await trio.to_thread.run_sync(self.propose_tree, context, floor, depth, max_nodes, stop)
 
     def fork(self) -> "Drafter":
         """A drafter for another conversation running at the same time: the same weights, its own state."""
@@ -56,6 +69,7 @@ class Drafter:
     def _measure(self, seconds: float, n: int, fixed: float = 0.0) -> None:
         """A call made n tokens in `seconds`, `fixed` of which it pays whatever n is (catching up on the context):
         ms_per_token is what one token more costs, the policy's draft_ms."""
+        seconds, fixed = seconds * self.share, fixed * self.share
         if n:
             ms = (seconds - fixed) * 1e3 / n
             self.ms_per_token = ms if not self.ms_per_token else 0.8 * self.ms_per_token + 0.2 * ms

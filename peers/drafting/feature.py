@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .. import tree
+from .. import packed, tree
 from ..fingerprint import config_fingerprint
 from ..errors import ModelError
 from ..sampling import SamplingParams, draw, position_generator
@@ -18,8 +18,9 @@ from ..shard import load_config, rollback_cache
 from ..threads import torch_threads
 from ..tree import BRANCHES, Draft, depth_first
 from .base import Drafter, common_prefix
-from .feature_net import VOCAB_FILE, build, read_meta, tokenizer_fingerprint
+from .feature_net import VOCAB_FILE, Step, build, read_meta, tokenizer_fingerprint
 from .ngram import followers, lookup
+from .together import Together
 
 COPY_WEIGHT = 0.4  # the share of a copied token in the draft's distribution (why: see FeatureDrafter)
 SHARPEN = 0.85  # the draft's logits over this (a temperature) make its greedy confidences calibrated (see _probs)
@@ -52,6 +53,11 @@ class FeatureDrafter(Drafter):
         cfg = load_config(draft_dir)
         own = {k: v.float() for k, v in load_file(Path(draft_dir) / "model.safetensors").items()}
         self.model = build(target_dir, cfg, ids, own).to(device, dtype).eval()
+        # conversations drafting at the same time draft in one forward (peers/drafting/together.py); the forks
+        # share this
+        self.together = Together(self.model.forward_many) if self.model.packable() else None
+        if self.together is not None:
+            packed.route(self.model.body.config)
         self.name = name or Path(draft_dir).name
         self.device, self.target_vocab = device, target_vocab
         self.to_target = torch.tensor(ids, device=device)
@@ -79,6 +85,20 @@ class FeatureDrafter(Drafter):
         d = copy.copy(self)  # the same weights
         d._start_conversation()
         return d
+
+    def close(self) -> None:
+        if self.together is not None:
+            self.together.forget(self)
+
+    async def draft(self, context, n, params, stop=None, floor=0.0, prior=1.0):
+        if self.together is None:
+            return await super().draft(context, n, params, stop, floor, prior)
+        return await self.together.run(self, self.chain_steps(context, n, params, stop, floor, prior))
+
+    async def draft_tree(self, context, floor, depth, max_nodes, stop=None):
+        if self.together is None:
+            return await super().draft_tree(context, floor, depth, max_nodes, stop)
+        return await self.together.run(self, self.tree_steps(context, floor, depth, max_nodes, stop))
 
     def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
         with self.lock:
@@ -111,19 +131,38 @@ class FeatureDrafter(Drafter):
             self.cache_next = self.cache_next[:n]
         self.true_len = min(self.true_len, n)
 
-    def _feed(self, next_ids: list[int], feats: torch.Tensor) -> torch.Tensor:
-        ids = torch.tensor([next_ids], device=self.device)
-        out = self.model(ids, feats[None], cache=self.cache)
+    def _feed(self, next_ids: list[int], feats: torch.Tensor, head: bool = True):
+        """(steps) Extend the cache by inputs (f_t, x_{t+1}); the predicted feature after the last and (head) the
+        head's logits over it."""
+        out, logits = yield Step(self.cache, next_ids, feats, heads=int(head))
         self.cache_next += next_ids
-        return out[0, -1]
+        return out[-1], (logits[-1] if head else None)
 
-    def _probs(self, g: torch.Tensor) -> torch.Tensor:
-        """The draft's greedy confidences over its head's rows after predicted feature(s) g. Distillation leaves it
+    def _run(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step alone: the draft's own forward, and its head over the last step.heads rows."""
+        ids = torch.tensor([step.ids], device=self.device)
+        out = self.model(ids, step.feats[None], cache=step.cache, attention_mask=step.mask,
+                         position_ids=step.positions)[0]
+        return out, self.model.head(out[len(out) - step.heads:])
+
+    def _drive(self, steps):
+        """Run a generator of steps (each yields a Step and is sent its output) to its end, alone; its result.
+        Together with other conversations' steps, peers/drafting/together.py drives them."""
+        out = None
+        while True:
+            try:
+                step = steps.send(out)
+            except StopIteration as done:
+                return done.value
+            out = self._run(step)
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's greedy confidences over its head's rows, from the head's logits. Distillation leaves it
         under-confident (its chains are right more often than their confidences say): SHARPEN is the temperature
         that minimises the log loss of "this child is the target's token" over its top three with copies mixed
         in, after which a chain's confidences match how often it is right (calibration table:
         `python scripts/draft_replay.py --prompts heldout`, figures in docs/benchmarks.md)."""
-        return torch.softmax(self.model.head(g).float() / SHARPEN, -1)
+        return torch.softmax(logits.float() / SHARPEN, -1)
 
     def _children(self, p: torch.Tensor, copy: int | None, n: int) -> list[tuple[int, float]]:
         """The n likeliest tokens under the draft's distribution p (its head's rows), with their probabilities,
@@ -139,24 +178,25 @@ class FeatureDrafter(Drafter):
             out.setdefault(int(self.to_target[r]), v)
         return sorted(out.items(), key=lambda kv: -kv[1])[:n]  # (stable: the copy wins a tie)
 
-    def _next(self, g: torch.Tensor, params: SamplingParams, position: int,
+    def _next(self, logits: torch.Tensor, params: SamplingParams, position: int,
               copy: int | None) -> tuple[int, torch.Tensor | None, float]:
-        """The draft token after predicted feature g, (when sampling) q over the target's vocabulary, and the
-        draft's confidence in it: its probability under q, known before any draw (greedy: the top one)."""
+        """The draft token from the head's logits after a predicted feature, (when sampling) q over the target's
+        vocabulary, and the draft's confidence in it: its probability under q, known before any draw (greedy:
+        the top one)."""
         if params.greedy:
-            tok, sure = self._children(self._probs(g), copy, 1)[0]
+            tok, sure = self._children(self._probs(logits), copy, 1)[0]
             return tok, None, sure
-        full = g.new_full((self.target_vocab,), float("-inf"))  # q is exactly 0 off the head's rows
-        full[self.to_target] = self.model.head(g).float()
+        full = logits.new_full((self.target_vocab,), float("-inf"), dtype=torch.float32)  # q is 0 off the head
+        full[self.to_target] = logits.float()
         q = params.probs(full[None])[0]
         if copy is not None:
             q = (1 - COPY_WEIGHT) * q
             q[copy] += COPY_WEIGHT
         return draw(q, position_generator(params.seed, position, stream=0)), q, float(q.max())
 
-    def _start(self, context: list[int]) -> torch.Tensor | None:
-        """Bring the draft's cache up to the context; the predicted feature after its last token (None: nothing
-        verified yet, e.g. a new message, whose pass brings the features)."""
+    def _start(self, context: list[int]):
+        """(steps) Bring the draft's cache up to the context; the predicted feature after its last token and the
+        head's logits there (None: nothing verified yet, e.g. a new message, whose pass brings the features)."""
         m = len(context)
         known = self._known(context)  # indices that can read the target's own feature
         if known < 1 or m - 1 - known > MAX_UNSEEN:
@@ -164,11 +204,11 @@ class FeatureDrafter(Drafter):
         # index known-1 is always recomputed: its output starts the drafts
         common = common_prefix(self.cache_next, context[1:], min(self.true_len, known - 1))
         self._crop(common)
-        g = self._feed(context[common + 1 : known + 1], self.feats[common:known])
+        g, logits = yield from self._feed(context[common + 1 : known + 1], self.feats[common:known], known == m - 1)
         self.true_len = known
         for t in range(known, m - 1):  # context the ring has not verified: the draft's own guesses stand in
-            g = self._feed([context[t + 1]], g[None])
-        return g
+            g, logits = yield from self._feed([context[t + 1]], g[None], t == m - 2)
+        return g, logits
 
     @torch.inference_mode()
     def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
@@ -177,22 +217,24 @@ class FeatureDrafter(Drafter):
         # thread when the cores are busy: docs/benchmarks.md).
         # torch's thread count is per OS thread, so the host's own layers keep theirs (peers/threads.py).
         with torch_threads(1), self.lock:
-            return self._propose(context, n, params, stop, floor, prior)
+            return self._drive(self.chain_steps(context, n, params, stop, floor, prior))
 
-    def _propose(self, context: list[int], n: int, params: SamplingParams, stop, floor: float,
-                 prior: float) -> tuple[list[int], torch.Tensor | None]:
+    def chain_steps(self, context: list[int], n: int, params: SamplingParams, stop=None, floor: float = 0.0,
+                    prior: float = 1.0):
+        """(steps) propose's drafts: its result is (tokens, q)."""
         self.confidence = []
         t0 = time.perf_counter()
-        g = self._start(context) if n > 0 else None
-        if g is None:
+        started = (yield from self._start(context)) if n > 0 else None
+        if started is None:
             return [], None
+        g, logits = started
         fixed = time.perf_counter() - t0
         m = len(context)
         tokens, qs, sure = [], [], prior
         seq = list(context)  # the context and the drafts so far, grown in place: what copying searches
         while True:
             copy = lookup(seq, 1) if self.copy else []  # the text repeats itself: what followed last time
-            tok, q, c = self._next(g, params, m + len(tokens), copy[0] if copy else None)
+            tok, q, c = self._next(logits, params, m + len(tokens), copy[0] if copy else None)
             sure *= c
             tokens.append(tok)
             self.confidence.append(sure)
@@ -201,7 +243,7 @@ class FeatureDrafter(Drafter):
                 qs.append(q)
             if len(tokens) == n or sure < floor or (stop is not None and stop.is_set()):
                 break
-            g = self._feed([tok], g[None])
+            g, logits = yield from self._feed([tok], g[None])
         self._measure(time.perf_counter() - t0, len(tokens), fixed)
         return tokens, (torch.stack(qs) if qs else None)
 
@@ -214,24 +256,29 @@ class FeatureDrafter(Drafter):
         seeing its ancestors), so a node costs far less than a chain's draft; the main chain's last node's best
         child is the guess at the token after it."""
         with torch_threads(1), self.lock:
-            t0 = time.perf_counter()
-            g = self._start(context) if depth > 0 else None
-            if g is None:
-                self.confidence = []
-                return Draft()
-            follows = followers(context) if self.copy else (lambda tail: None)  # (one pass over the context)
-            fixed = time.perf_counter() - t0
-            tokens, parents, sure, kids = self._grow(context, g, follows, floor, depth, max_nodes, stop)
-            d = depth_first(tokens, parents, sure, {i: c[0][0] for i, c in kids.items() if c})
-            self._measure(time.perf_counter() - t0, len(d.tokens), fixed)
-            self.confidence = d.sure
-            return d
+            return self._drive(self.tree_steps(context, floor, depth, max_nodes, stop))
 
-    def _grow(self, context, g, follows, floor, depth, max_nodes, stop):
-        """Breadth first: (tokens, parents, chances, each node's children as (token, p)) in the order made."""
+    def tree_steps(self, context: list[int], floor: float, depth: int, max_nodes: int,
+                   stop: threading.Event | None = None):
+        """(steps) propose_tree's tree: its result is the Draft."""
+        t0 = time.perf_counter()
+        started = (yield from self._start(context)) if depth > 0 else None
+        if started is None:
+            self.confidence = []
+            return Draft()
+        follows = followers(context) if self.copy else (lambda tail: None)  # (one pass over the context)
+        fixed = time.perf_counter() - t0
+        tokens, parents, sure, kids = yield from self._grow(context, *started, follows, floor, depth, max_nodes, stop)
+        d = depth_first(tokens, parents, sure, {i: c[0][0] for i, c in kids.items() if c})
+        self._measure(time.perf_counter() - t0, len(d.tokens), fixed)
+        self.confidence = d.sure
+        return d
+
+    def _grow(self, context, g, logits, follows, floor, depth, max_nodes, stop):
+        """(steps) Breadth first: (tokens, parents, chances, each node's children as (token, p)) in the order made."""
         base = len(self.cache_next)  # the draft's cache: index t holds (f_t, x_{t+1}); the tree's go after it
         tokens, parents, sure, tails = [], [], [], []  # tails: each node's last tokens, for copying
-        kids = {-1: self._children(self._probs(g), follows(context[-3:]), BRANCHES)}
+        kids = {-1: self._children(self._probs(logits), follows(context[-3:]), BRANCHES)}
         feats = {-1: g}
         level = [-1]
         for _ in range(depth):
@@ -250,10 +297,9 @@ class FeatureDrafter(Drafter):
             # the context's entries and the earlier levels' (peers/tree.py); each node at its depth
             mask = tree.attention_mask(base, len(tokens), parents, device=self.device)[..., first:, :]
             pos = tree.positions(base, len(tokens), parents)[:, first:].to(self.device)
-            out = self.model(torch.tensor([[tokens[i] for i in level]], device=self.device),
-                             torch.stack([feats[parents[i]] for i in level])[None], cache=self.cache,
-                             attention_mask=mask, position_ids=pos)[0]
-            probs = self._probs(out)
+            out, logits = yield Step(self.cache, [tokens[i] for i in level],
+                                     torch.stack([feats[parents[i]] for i in level]), mask, pos, heads=len(level))
+            probs = self._probs(logits)
             for j, i in enumerate(level):
                 feats[i] = out[j]
                 kids[i] = self._children(probs[j], follows(tails[i]), BRANCHES)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from .. import packed
 from ..checkpoint import weight_files as _weight_files
 
 VOCAB_FILE = "draft_vocab.json"  # [target id of head row 0, of row 1, ...]
@@ -31,6 +33,19 @@ SHARED = ("embed.weight", "head.weight")  # taken from the target, never stored 
 
 def tokenizer_fingerprint(tok) -> str:
     return hashlib.sha256(json.dumps(sorted(tok.get_vocab().items())).encode()).hexdigest()
+
+
+@dataclass
+class Step:
+    """One forward of the draft for one conversation: inputs (f_t, x_{t+1}) after what its cache holds; without a
+    mask and positions, causal after the cache."""
+
+    cache: object
+    ids: list[int]
+    feats: torch.Tensor  # [T, H]
+    mask: torch.Tensor | None = None  # [1, 1, T, cached + T], True: may attend
+    positions: torch.Tensor | None = None  # [1, T]
+    heads: int = 1  # the last rows whose head logits are wanted
 
 
 class FeatureDraft(torch.nn.Module):
@@ -52,6 +67,44 @@ class FeatureDraft(torch.nn.Module):
         x = self.fc(torch.cat([self.embed(next_ids), feats.to(self.fc.weight.dtype)], -1))
         return self.body(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                          use_cache=cache is not None).last_hidden_state
+
+    def forward_many(self, steps: list) -> list[torch.Tensor]:
+        """Several conversations' Steps as one pass (peers/packed.py): each one's predicted features [T, H] and the
+        head's logits over its last `heads` rows (the head, the draft's largest matrix, once for all of them). The matrices run once over every
+        step's positions; attention stays within each conversation. Only for a body whose every layer attends
+        to everything before it with one rotary embedding (packable)."""
+        bounds, masks, positions, start = [], [], [], 0
+        for s in steps:
+            t, cached = len(s.ids), s.cache.get_seq_length()
+            bounds.append((start, start + t))
+            start += t
+            pos = s.positions if s.positions is not None else torch.arange(cached, cached + t)[None]
+            positions.append(pos.to(self.fc.weight.device))
+            masks.append(s.mask if s.mask is not None else
+                         torch.ones(t, cached + t, dtype=torch.bool).tril(cached)[None, None])
+        device = self.fc.weight.device
+        ids = torch.tensor([[i for s in steps for i in s.ids]], device=device)
+        x = self.fc(torch.cat([self.embed(ids), torch.cat([s.feats for s in steps])[None].to(self.fc.weight.dtype)],
+                              -1))
+        pos = torch.cat(positions, dim=1)
+        rope = self.body.rotary_emb(x, pos)
+        mask = packed.Packed([m.to(device) for m in masks], bounds)
+        cache = packed.Caches([s.cache for s in steps], bounds)
+        for layer in self.body.layers:
+            x = layer(x, attention_mask=mask, position_embeddings=rope, position_ids=pos, cache=cache, use_cache=True)
+        x = self.body.norm(x)[0]
+        rows = torch.cat([torch.arange(b - s.heads, b) for s, (_, b) in zip(steps, bounds)]).to(device)
+        logits = torch.split(self.head(x[rows]), [s.heads for s in steps])
+        return [(x[a:b], lg) for (a, b), lg in zip(bounds, logits)]
+
+    def packable(self) -> bool:
+        """forward_many gives what forward gives: plain full attention through sdpa, one rotary embedding."""
+        from ..architectures import FAMILIES, Family
+
+        c = self.body.config
+        f = FAMILIES.get(c.model_type)
+        return (type(f) is Family and getattr(c, "sfchat_attention", c._attn_implementation) == "sdpa"
+                and all(kind == "full_attention" for kind in f.layer_types(c)))
 
 
 def target_tensors(target_dir: Path, names: dict[str, str]) -> dict[str, torch.Tensor]:
