@@ -77,10 +77,6 @@ class Host:
     # the two planes the pass reads: who is in the ring, and the current plan
     members = property(lambda self: self.roster.members)
     ring = property(lambda self: self.planner.ring)
-
-    def devices(self) -> int:
-        """How many separate devices compute the ring's passes (the host's own and its members')."""
-        return len({device.compute_id(self.device)} | {m.compute for m in self.ring})
     epoch = property(lambda self: self.planner.epoch)
     shard = property(lambda self: self.planner.shard)
     first_hop = property(lambda self: self.planner.first_hop)
@@ -182,6 +178,10 @@ class Host:
         s = RingSession(sid)
         self.sessions[id(s)] = s
         return s
+
+    def devices(self) -> int:
+        """How many separate devices compute the ring's passes (the host's own and its members')."""
+        return len({device.compute_id(self.device)} | {m.compute for m in self.ring})
 
     def _plan_changed(self) -> None:
         """A conversation's cache of an older plan is of no more use (its next pass replays from position 0):

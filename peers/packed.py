@@ -6,7 +6,7 @@ Only attention must keep conversations apart. Each one's keys and values go to i
 each one's queries attend to its own slot under its own mask. The layers pass what the cache returns and the
 mask they are given straight to the attention function, so a `Packed` list travels through them untouched, and
 `attention` below, registered with transformers, splits the queries by segment and calls the family's own
-attention on each.
+attention on each. A draft's conversations keep transformers' own caches: `Caches` hands each its segment.
 """
 from __future__ import annotations
 
