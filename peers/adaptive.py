@@ -31,9 +31,10 @@ of pass cost, and of greedy drafts made down to the floor the host verifies only
 the round's expected tokens per ms (select). It also compares what the drafter's confidences promised with what
 was accepted, and discounts them by that (trust): a confidence calibrated offline can be optimistic on other text.
 
-Conversations that share a pass (peers/batcher.py) share one policy, and each round is charged its share of the
-pass (pass ms / the rounds in it): R is then what the whole pass makes per ms, and a draft must pay for the time
-it adds to everyone's pass, not only to its own conversation's.
+Conversations that share a pass (peers/batcher.py) share one policy. R counts each round's share of the pass
+(pass ms / the rounds in it), so it is what the whole pass makes per ms; a position still costs what it adds to
+the whole pass (the fitted slope), and a draft what its share of the drafting run costs (peers/drafting/
+together.py): a draft must pay for the time it adds to everyone's round, not only to its own conversation's.
 """
 from __future__ import annotations
 
@@ -117,11 +118,12 @@ class KPolicy:
         return best_n
 
     def update(self, drafted: int, accepted: int, round_ms: float, positions: int | None = None,
-               promised: float | None = None) -> None:
+               promised: float | None = None, share: float = 1.0) -> None:
         """One round: `positions` is how many the pass carried (1 + drafted unless it also caught up on a
         prompt or re-sent tokens a tree accepted off its main chain); passes that carried many tokens besides
         the drafts (a prompt's prefill, a replay) say nothing about K. `promised`: the sum of the drafts'
-        confidences (what a greedy round expected to accept)."""
+        confidences (what a greedy round expected to accept). `share`: this round's part of the pass (1 / the
+        rounds that shared it), for R."""
         self.rounds += 1
         if promised is not None:
             a, p = (self.keep * v for v in self._promised)
@@ -135,7 +137,7 @@ class KPolicy:
         if k - drafted > self.k_max:
             return
         self.made = self.keep * self.made + accepted + 1
-        self.spent = self.keep * self.spent + round_ms
+        self.spent = self.keep * self.spent + round_ms * share
         n = int(k) + 1
         self.passes[n] = round_ms if n not in self.passes else 0.7 * self.passes[n] + 0.3 * round_ms
         w, sk, skk, sr, skr = (self.keep * s for s in self._sums)
@@ -156,5 +158,5 @@ class LinkPolicy(KPolicy):
         super().__init__(**kw)
         self.rtt_ms = rtt_ms
 
-    def update(self, drafted, accepted, round_ms, positions=None, promised=None):
-        super().update(drafted, accepted, round_ms + self.rtt_ms, positions, promised)
+    def update(self, drafted, accepted, round_ms, positions=None, promised=None, share=1.0):
+        super().update(drafted, accepted, round_ms + self.rtt_ms, positions, promised, share)

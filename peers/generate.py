@@ -161,10 +161,10 @@ class Speculation:
                        peers=timing["peers"], verify_ms=round(verify_ms, 3),
                        round_ms=round((time.perf_counter() - t_round) * 1e3, 3), tree=as_tree,
                        batch=timing.get("batch", 1))
-        # a pass that carried B conversations' rounds costs this one its share: the policy then weighs a draft
-        # against what the whole pass makes per ms, not what this conversation alone makes
-        self.policy.update(len(drafts), len(path), (timing["pass_ms"] + verify_ms) / r.batch,
-                           pending + len(drafts), sum(draft.sure) if by_confidence else None)
+        # a pass that carried B conversations' rounds: the policy weighs a draft against what the whole pass
+        # makes per ms (peers/adaptive.py)
+        self.policy.update(len(drafts), len(path), timing["pass_ms"] + verify_ms, pending + len(drafts),
+                           sum(draft.sure) if by_confidence else None, share=1 / r.batch)
         return r, new, at_eos
 
     def _plan(self, left: int) -> tuple[int, float, bool]:

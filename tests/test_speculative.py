@@ -172,6 +172,18 @@ def test_a_confident_drafter_gets_a_floor_at_the_rate_rounds_make_now():
     assert KPolicy(pinned=5).plan(3.0, confident=True) == (5, 0.0)
 
 
+def test_in_a_shared_pass_a_draft_pays_for_the_time_it_adds_to_every_round():
+    """Four conversations share each pass and one policy: R is what the whole pass makes (four rounds' tokens per
+    pass ms), a position costs the pass's own slope, so the floor is four times a lone conversation's."""
+    alone, shared = KPolicy(), KPolicy()
+    for k in (2, 4, 2, 4, 2, 4) * 4:
+        alone.update(k, 1, 100.0 + 10.0 * k, positions=k + 1)
+        for _ in range(4):  # the four rounds of one pass, each told it had a quarter of it
+            shared.update(k, 1, 100.0 + 10.0 * k, positions=k + 1, share=0.25)
+    assert shared.verify_ms == pytest.approx(alone.verify_ms) == pytest.approx(10.0, rel=0.01)
+    assert shared.plan(3.0, confident=True)[1] == pytest.approx(4 * alone.plan(3.0, confident=True)[1], rel=0.05)
+
+
 def test_the_likeliest_drafts_are_chosen_by_what_passes_of_each_size_cost():
     """A CPU's pass cost steps up where its matrix kernels change (measured here: 4 positions cost 14 ms more than
     3); the policy keeps what each size cost and verifies the number of the likeliest drafts that makes the most
