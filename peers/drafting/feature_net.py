@@ -68,28 +68,26 @@ class FeatureDraft(torch.nn.Module):
         return self.body(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                          use_cache=cache is not None).last_hidden_state
 
-    def forward_many(self, steps: list) -> list[torch.Tensor]:
+    def forward_many(self, steps: list[Step]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Several conversations' Steps as one pass (peers/packed.py): each one's predicted features [T, H] and the
-        head's logits over its last `heads` rows (the head, the draft's largest matrix, once for all of them). The matrices run once over every
-        step's positions; attention stays within each conversation. Only for a body whose every layer attends
-        to everything before it with one rotary embedding (packable)."""
+        head's logits over its last `heads` rows. The matrices, the head (the draft's largest) among them, run once
+        over every step's positions; attention stays within each conversation. Only for a packable body."""
+        device = self.fc.weight.device
         bounds, masks, positions, start = [], [], [], 0
         for s in steps:
             t, cached = len(s.ids), s.cache.get_seq_length()
             bounds.append((start, start + t))
             start += t
             pos = s.positions if s.positions is not None else torch.arange(cached, cached + t)[None]
-            positions.append(pos.to(self.fc.weight.device))
-            masks.append(s.mask if s.mask is not None else
-                         torch.ones(t, cached + t, dtype=torch.bool).tril(cached)[None, None])
-        device = self.fc.weight.device
+            positions.append(pos.to(device))
+            causal = s.mask if s.mask is not None else torch.ones(t, cached + t, dtype=torch.bool).tril(cached)
+            masks.append(causal.reshape(1, 1, t, cached + t).to(device))
         ids = torch.tensor([[i for s in steps for i in s.ids]], device=device)
-        x = self.fc(torch.cat([self.embed(ids), torch.cat([s.feats for s in steps])[None].to(self.fc.weight.dtype)],
-                              -1))
+        feats = torch.cat([s.feats for s in steps])[None].to(self.fc.weight.dtype)
+        x = self.fc(torch.cat([self.embed(ids), feats], -1))
         pos = torch.cat(positions, dim=1)
         rope = self.body.rotary_emb(x, pos)
-        mask = packed.Packed([m.to(device) for m in masks], bounds)
-        cache = packed.Caches([s.cache for s in steps], bounds)
+        mask, cache = packed.Packed(masks, bounds), packed.Caches([s.cache for s in steps], bounds)
         for layer in self.body.layers:
             x = layer(x, attention_mask=mask, position_embeddings=rope, position_ids=pos, cache=cache, use_cache=True)
         x = self.body.norm(x)[0]

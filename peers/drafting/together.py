@@ -113,7 +113,7 @@ class Together:
     def _drive(self, batch: list[Request]) -> None:
         """(worker thread) Every request's steps in lockstep, each step of all of them in one forward."""
         with torch_threads(1):  # the draft's matrices are small (see FeatureDrafter.propose)
-            locks = [r.drafter.lock for r in batch]
+            locks = list({id(r.drafter.lock): r.drafter.lock for r in batch}.values())  # (each once)
             for lock in locks:
                 lock.acquire()
             try:
@@ -127,7 +127,7 @@ class Together:
                     lock.release()
 
     def _lockstep(self, batch: list[Request]) -> None:
-        outs: dict[int, torch.Tensor | None] = {id(r): None for r in batch}
+        outs: dict[int, tuple | None] = {id(r): None for r in batch}  # what each one's last step gave
         live = list(batch)
         while live:
             steps = []
