@@ -80,6 +80,9 @@ class FeatureDraft(torch.nn.Module):
             start += t
             pos = s.positions if s.positions is not None else torch.arange(cached, cached + t)[None]
             positions.append(pos.to(device))
+            if s.mask is None and t == 1:  # a chain's next token sees all its cache: no mask (as transformers)
+                masks.append(None)
+                continue
             causal = s.mask if s.mask is not None else torch.ones(t, cached + t, dtype=torch.bool).tril(cached)
             masks.append(causal.reshape(1, 1, t, cached + t).to(device))
         ids = torch.tensor([[i for s in steps for i in s.ids]], device=device)
