@@ -32,9 +32,11 @@ the round's expected tokens per ms (select). It also compares what the drafter's
 was accepted, and discounts them by that (trust): a confidence calibrated offline can be optimistic on other text.
 
 Conversations that share a pass (peers/batcher.py) share one policy. R counts each round's share of the pass
-(pass ms / the rounds in it), so it is what the whole pass makes per ms; a position still costs what it adds to
-the whole pass (the fitted slope), and a draft what its share of the drafting run costs (peers/drafting/
-together.py): a draft must pay for the time it adds to everyone's round, not only to its own conversation's.
+(pass ms / the rounds in it), so it is what the whole pass makes per ms; a position costs what it adds to the
+whole pass, and a draft what its share of the drafting run costs (peers/drafting/together.py): a draft must pay
+for the time it adds to everyone's round, not only to its own conversation's. What a position adds depends on
+how many the pass already carries (the other conversations' too: a fifth row costs less than a second), so the
+line and the table of pass costs are over the pass's positions, all conversations' together.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ class KPolicy:
     made: float = 0.0  # exponentially weighted tokens committed per round ...
     spent: float = 0.0  # ... and pass ms per round: their ratio is R, the rate rounds make now
     passes: dict = field(default_factory=dict)  # positions a pass carried -> its exponentially weighted ms
+    others: int = 0  # positions the last pass carried for other conversations
     trust: float = 1.0  # drafts accepted over the number the drafter's confidences promised (greedy rounds)
     _promised: tuple[float, float] = (0.0, 0.0)  # exponentially weighted (accepted, promised)
 
@@ -82,7 +85,7 @@ class KPolicy:
             return self.pinned
         if self.base_ms <= 0:
             return 4
-        k = best_k(self.alpha, self.base_ms, draft_ms, self.k_max, self.verify_ms)
+        k = best_k(self.alpha, self.base_ms + self.verify_ms * self.others, draft_ms, self.k_max, self.verify_ms)
         if k == 0 and self.rounds % EXPLORE_EVERY == 0:
             return 1
         return k
@@ -105,25 +108,27 @@ class KPolicy:
 
     def select(self, sure: list[float], pending: int = 1) -> int:
         """How many of the likeliest of these drafts (their chances, each with its ancestors') to verify in a pass
-        that also carries `pending` tokens: n maximising (1 + trust * the n largest chances summed) /
-        pass_ms(pending + n), the expected tokens per ms of the round. (Greedy only: for sampled drafts a later
-        chance depends on the earlier draws, so choosing by it would bias which drafts are verified.)"""
+        that also carries `pending` tokens (and, as the last pass did, `others` of other conversations): n
+        maximising (1 + trust * the n largest chances summed) / pass_ms(others + pending + n), the expected
+        tokens per ms of the round. (Greedy only: for sampled drafts a later chance depends on the earlier draws,
+        so choosing by it would bias which drafts are verified.)"""
         if self.spent <= 0 or self.pinned is not None:
             return len(sure)
-        best_n, best, expected = 0, 1.0 / self.pass_ms(pending), 1.0
+        others = self.others
+        best_n, best, expected = 0, 1.0 / self.pass_ms(others + pending), 1.0
         for n, s in enumerate(sorted(sure, reverse=True), 1):
             expected += self.trust * s
-            if (rate := expected / self.pass_ms(pending + n)) > best:
+            if (rate := expected / self.pass_ms(others + pending + n)) > best:
                 best_n, best = n, rate
         return best_n
 
     def update(self, drafted: int, accepted: int, round_ms: float, positions: int | None = None,
-               promised: float | None = None, share: float = 1.0) -> None:
-        """One round: `positions` is how many the pass carried (1 + drafted unless it also caught up on a
-        prompt or re-sent tokens a tree accepted off its main chain); passes that carried many tokens besides
-        the drafts (a prompt's prefill, a replay) say nothing about K. `promised`: the sum of the drafts'
+               promised: float | None = None, share: float = 1.0, others: int = 0) -> None:
+        """One round: `positions` is how many of its own the pass carried (1 + drafted unless it also caught up
+        on a prompt or re-sent tokens a tree accepted off its main chain); passes that carried many tokens
+        besides the drafts (a prompt's prefill, a replay) say nothing about K. `promised`: the sum of the drafts'
         confidences (what a greedy round expected to accept). `share`: this round's part of the pass (1 / the
-        rounds that shared it), for R."""
+        rounds that shared it), for R; `others`: the positions it carried for other conversations."""
         self.rounds += 1
         if promised is not None:
             a, p = (self.keep * v for v in self._promised)
@@ -136,6 +141,8 @@ class KPolicy:
         k = float(drafted if positions is None else positions - 1)
         if k - drafted > self.k_max:
             return
+        k += others
+        self.others = others
         self.made = self.keep * self.made + accepted + 1
         self.spent = self.keep * self.spent + round_ms * share
         n = int(k) + 1
@@ -158,5 +165,5 @@ class LinkPolicy(KPolicy):
         super().__init__(**kw)
         self.rtt_ms = rtt_ms
 
-    def update(self, drafted, accepted, round_ms, positions=None, promised=None, share=1.0):
-        super().update(drafted, accepted, round_ms + self.rtt_ms, positions, promised, share)
+    def update(self, drafted, accepted, round_ms, positions=None, promised=None, share=1.0, others=0):
+        super().update(drafted, accepted, round_ms + self.rtt_ms, positions, promised, share, others)

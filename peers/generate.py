@@ -162,9 +162,11 @@ class Speculation:
                        round_ms=round((time.perf_counter() - t_round) * 1e3, 3), tree=as_tree,
                        batch=timing.get("batch", 1))
         # a pass that carried B conversations' rounds: the policy weighs a draft against what the whole pass
-        # makes per ms (peers/adaptive.py)
-        self.policy.update(len(drafts), len(path), timing["pass_ms"] + verify_ms, pending + len(drafts),
-                           sum(draft.sure) if by_confidence else None, share=1 / r.batch)
+        # makes per ms, and what a position costs by all the positions it carried (peers/adaptive.py)
+        own = pending + len(drafts)
+        self.policy.update(len(drafts), len(path), timing["pass_ms"] + verify_ms, own,
+                           sum(draft.sure) if by_confidence else None, share=1 / r.batch,
+                           others=max(timing.get("positions", own) - own, 0))
         return r, new, at_eos
 
     def _plan(self, left: int) -> tuple[int, float, bool]:

@@ -288,6 +288,7 @@ class Host:
         head_ms, total_ms = (time.perf_counter() - t1) * 1e3, (time.perf_counter() - t0) * 1e3
         peers_ms = sum(ms for _, ms in trace)
         timing = {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms, "batch": len(rounds),
+                  "positions": sum(len(ids) for _, _, ids in items),
                   "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
         for (r, c, ids, _), (feats, logits, best) in zip(done, outs):
             r.s.passed(c, len(ids))

@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from . import architectures, kv, packed
 from . import quant as quantization
 from .checkpoint import Stored, locations, weight_files
+from .cpu_linear import use_columns
 from .graphs import Graphs, bucket
 from .memory import release_freed
 from .errors import ModelError
@@ -78,6 +79,7 @@ class Shard:
         if quant != "none":  # swapped on the meta device, each matrix quantized as it is read (peers/quant.py)
             quantization.swap_linears(self.layers, quant, self.dtype)
         self._load(model_dir)
+        use_columns(self.layers, self.lm_head)  # on a CPU, the head's few rows at the memory's full speed
         if self.embed is not None:
             self.family.prepare_embedding(config, self.embed, self.device)
         del full, inner

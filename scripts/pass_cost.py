@@ -1,6 +1,7 @@
 """What a forward pass of the embedded target costs by the number of positions it carries, in one process, and
-what one of its matrix products costs by the number of rows: on a CPU the cost steps up where the matrix kernels
-change (here at 4), which is why the host measures each size of pass instead of assuming a straight line.
+what its LM head's product (the largest matrix) costs by the number of rows, as F.linear computes it (x @ W^T) and
+as a CPU shard does (W @ x^T, peers/cpu_linear.py). The cost is no straight line in the positions, which is why
+the host measures each size of pass instead of fitting one.
 
     python scripts/pass_cost.py [--max-positions N] [--context N]
 """
@@ -18,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from peers.locations import models_dir  # noqa: E402
 from peers.models import DEFAULT_MODEL  # noqa: E402
+from peers.cpu_linear import use_columns  # noqa: E402
 from peers.shard import Shard, Span, load_config  # noqa: E402
 
 
@@ -47,10 +49,14 @@ def main() -> None:
     print(f"forward of {model.name} with {a.context} positions cached, {torch.get_num_threads()} threads:")
     for t in range(1, a.max_positions + 1):
         print(f"  {t:2d} positions: {median_ms(lambda: forward(t)):6.1f} ms")
-    lin = torch.nn.Linear(shard.config.hidden_size, shard.config.intermediate_size, bias=False)
-    with torch.inference_mode():
-        row = [median_ms(lambda m=m: lin(torch.randn(1, m, lin.in_features)), 30) * 1e3 for m in range(1, 9)]
-    print(f"one {lin.in_features}x{lin.out_features} product, 1-8 rows (us): " + ", ".join(f"{x:.0f}" for x in row))
+    lin = torch.nn.Linear(shard.config.hidden_size, shard.config.vocab_size, bias=False)
+    for how in ("x @ W^T", "W @ x^T"):
+        if how == "W @ x^T":
+            use_columns(lin)
+        with torch.inference_mode():
+            row = [median_ms(lambda m=m: lin(torch.randn(1, m, lin.in_features)), 30) for m in range(1, 9)]
+        print(f"the head's {lin.out_features}x{lin.in_features} product as {how}, 1-8 rows (ms): "
+              + ", ".join(f"{x:.1f}" for x in row))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Per RTT one ring (links shaped as in bench.py) serves the endpoint in this process's loop; for each number of
 clients, that many streaming clients each send every prompt in turn (temperature 0), all at once. Aggregate
 tokens/s = all answers' tokens / the wall time until the last one ends; per-client tokens/s = a client's tokens /
-its own time (median over clients); time to first token = from sending a request to its first content chunk.
+its own time (median over clients); time to first token = from sending a request to its first content chunk;
+tokens per round = each conversation's tokens / its rounds (from the answers' `sfchat` stats), over all answers.
 Each figure is the median over --runs.
 """
 from __future__ import annotations
@@ -39,21 +40,24 @@ async def one_client(http: httpx.AsyncClient, model: str, prompts: list[str], ma
                     first = time.perf_counter() - t0
                 if d.get("usage"):
                     tokens += d["usage"]["completion_tokens"]
+                if st := d.get("sfchat"):
+                    out["rounds"].append((st["tokens_per_round"] * st["rounds"], st["rounds"]))
         out["ttft"].append((first if first is not None else time.perf_counter() - t0) * 1e3)
     out["tokens"].append(tokens)
     out["client_tps"].append(tokens / (time.perf_counter() - t_start))
 
 
 async def clients_run(url: str, model: str, n: int, prompts: list[str], max_new: int) -> dict:
-    out = {"ttft": [], "tokens": [], "client_tps": []}
+    out = {"ttft": [], "tokens": [], "client_tps": [], "rounds": []}
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
         t0 = time.perf_counter()
         async with trio.open_nursery() as nursery:
             for _ in range(n):
                 nursery.start_soon(one_client, http, model, prompts, max_new, out)
         seconds = time.perf_counter() - t0
+    rounds = sum(r for _, r in out["rounds"])
     return {"aggregate": sum(out["tokens"]) / seconds, "per_client": statistics.median(out["client_tps"]),
-            "ttft": out["ttft"]}
+            "ttft": out["ttft"], "per_round": sum(t for t, _ in out["rounds"]) / rounds if rounds else 0.0}
 
 
 async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[str], advance) -> list[dict]:
@@ -87,6 +91,7 @@ async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[st
                              "aggregate_tokens_per_second": round(statistics.median(x["aggregate"] for x in runs), 3),
                              "per_client_tokens_per_second": round(statistics.median(x["per_client"] for x in runs),
                                                                    3),
+                             "tokens_per_round": round(statistics.median(x["per_round"] for x in runs), 2),
                              "ttft_ms_p50": round(percentile(ttft, 0.5), 1),
                              "ttft_ms_p95": round(percentile(ttft, 0.95), 1), "runs": args.runs})
             nursery.cancel_scope.cancel()
@@ -104,9 +109,10 @@ def print_table(rows: list[dict], console) -> None:
     from rich.table import Table
 
     t = Table(title="serving: concurrent clients over HTTP")
-    for col in ("RTT ms", "clients", "aggregate tok/s", "per-client tok/s", "TTFT p50 ms", "TTFT p95 ms"):
+    for col in ("RTT ms", "clients", "aggregate tok/s", "per-client tok/s", "tok/round", "TTFT p50 ms", "TTFT p95 ms"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(f"{r['rtt_ms']:g}", str(r["clients"]), f"{r['aggregate_tokens_per_second']:.2f}",
-                  f"{r['per_client_tokens_per_second']:.2f}", f"{r['ttft_ms_p50']:.0f}", f"{r['ttft_ms_p95']:.0f}")
+                  f"{r['per_client_tokens_per_second']:.2f}", f"{r['tokens_per_round']:.2f}", f"{r['ttft_ms_p50']:.0f}",
+                  f"{r['ttft_ms_p95']:.0f}")
     console.print(t)

@@ -25,3 +25,4 @@ def test_bench_clients_rows(tiny_llama, tmp_path):
     for r in doc["serving_rows"]:
         assert r["aggregate_tokens_per_second"] > 0 and r["per_client_tokens_per_second"] > 0
         assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p95"]
+        assert r["tokens_per_round"] >= 1.0  # every round commits at least the target's own token

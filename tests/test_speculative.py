@@ -184,6 +184,26 @@ def test_in_a_shared_pass_a_draft_pays_for_the_time_it_adds_to_every_round():
     assert shared.plan(3.0, confident=True)[1] == pytest.approx(4 * alone.plan(3.0, confident=True)[1], rel=0.05)
 
 
+def test_a_position_costs_what_it_adds_to_a_pass_of_all_conversations_positions():
+    """Alone, a second position costs 40 ms (one row's kernel to several rows'); in a pass that already carries
+    four conversations' rows, one more costs 3 ms. The line and the table are over the pass's positions, so
+    conversations that share passes learn the cheap slope even while none of them drafts, and verify drafts
+    that one conversation alone would not."""
+    p = KPolicy()
+    cost = {1: 60.0, 2: 100.0, 3: 103.0, 4: 106.0, 5: 109.0, 6: 112.0}
+    for _ in range(10):  # alone: 1 or 2 positions
+        for k in (0, 1):
+            p.update(k, 0, cost[k + 1], positions=k + 1)
+    assert p.select([0.3]) == 0
+    for _ in range(10):  # four, then three conversations of one position each share passes
+        for b in (4, 3):
+            for _ in range(b):
+                p.update(0, 0, cost[b], positions=1, share=1 / b, others=b - 1)
+    assert p.verify_ms == pytest.approx(3.0, rel=0.05) and p.others == 2
+    assert p.select([0.3]) == 1  # (1 + 0.3) / pass_ms(4) beats 1 / pass_ms(3)
+    assert p.plan(1.0, confident=True)[1] < 0.3  # the floor: R x (3 ms + 1 ms)
+
+
 def test_the_likeliest_drafts_are_chosen_by_what_passes_of_each_size_cost():
     """A CPU's pass cost steps up where its matrix kernels change (measured here: 4 positions cost 14 ms more than
     3); the policy keeps what each size cost and verifies the number of the likeliest drafts that makes the most

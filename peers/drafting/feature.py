@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from .. import packed, tree
+from ..cpu_linear import use_columns
 from ..fingerprint import config_fingerprint
 from ..errors import ModelError
 from ..sampling import SamplingParams, draw, position_generator
@@ -53,6 +54,7 @@ class FeatureDrafter(Drafter):
         cfg = load_config(draft_dir)
         own = {k: v.float() for k, v in load_file(Path(draft_dir) / "model.safetensors").items()}
         self.model = build(target_dir, cfg, ids, own).to(device, dtype).eval()
+        use_columns(self.model)
         # conversations drafting at the same time draft in one forward (peers/drafting/together.py); the forks
         # share this
         self.together = Together(self.model.forward_many) if self.model.packable() else None

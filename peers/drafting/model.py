@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..cpu_linear import use_columns
 from ..sampling import draw, pad_vocab, position_generator
 from .base import Drafter, common_prefix
 
@@ -60,6 +61,7 @@ class ModelDrafter(Drafter):
         # `model`: one already built (a distilled draft is assembled from its own and its target's tensors)
         model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         self.model = model.to(device).eval()
+        use_columns(self.model)
         self.name = name or Path(model_dir).name
         self.device = device
         self.target_vocab = target_vocab
