@@ -1,30 +1,39 @@
-"""CUDA graphs of a shard's short passes: one per (conversation slot, T bucket), captured lazily, replayed after.
+"""CUDA graphs of a shard's short passes: one per (B bucket, T bucket), captured at first use, replayed after.
 
-A pass of T <= 32 positions is padded up to its bucket (1, 2, 4, 8, 16, 32) and runs over the slot's whole
-capacity with a mask (peers/kv.py), so its shapes and addresses are the same every time and one captured graph
-replays it: one launch instead of one per kernel. Longer passes (prefill chunks) run eagerly. Slots with graphs
-are reused by the next conversation (kv.recycle), so a member captures a bucket once, not once per chat.
+A pass of B conversations with at most 32 positions each is padded up to (B bucket, T bucket): B to 1, 2, 4, 8 or
+16 rows (an empty row writes to the arena's scratch row), T to 1, 2, 4, 8, 16 or 32 positions, and every row runs
+over its conversation's whole room in the arena (peers/kv.py) with a mask. So its shapes and addresses are the same
+every time and one captured graph replays it: one launch instead of one per kernel. The arena is never reallocated,
+so a graph stays valid for the member's life; each graph has its own input buffers. Longer passes (prefill chunks)
+and larger batches run eagerly.
 
-A graph is captured and replayed by one thread (pytorch#123177): every pass of a shard with graphs runs on its own
-thread. A shard that cannot capture (a quantized kernel that syncs, say) says so once and runs eagerly. On a CPU
-the same padded pass runs eagerly (`capture=False`): the tests check there that padding changes nothing.
+Captures and replays run on the process's device runtime (peers/runtime.py). A shard that cannot capture (a
+quantized kernel that syncs, say) says so once and runs eagerly. On a CPU the same padded pass runs eagerly
+(`capture=False`): the tests check there that padding changes nothing.
 """
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
 
-from .plan import GRAPH_BUCKETS
+from .plan import BATCH_BUCKETS, GRAPH_BUCKETS
+from .runtime import RUNTIME
 
 log = logging.getLogger("sfchat.graphs")
 
 
-def bucket(n: int) -> int | None:
-    """The bucket a pass of n positions is padded to; None: longer than any (it runs eagerly)."""
-    return next((b for b in GRAPH_BUCKETS if b >= n), None)
+def bucket(n: int, buckets=GRAPH_BUCKETS) -> int | None:
+    """The bucket n positions (or conversations) are padded to; None: more than any (the pass runs eagerly)."""
+    return next((b for b in buckets if b >= n), None)
+
+
+def shape(b: int, t: int) -> tuple[int, int] | None:
+    """(B bucket, T bucket) of a pass of b conversations with at most t positions each; None: eager."""
+    bb, tb = bucket(b, BATCH_BUCKETS), bucket(t)
+    return (bb, tb) if bb and tb else None
 
 
 def pad(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -36,66 +45,41 @@ def pad(x: torch.Tensor, size: int) -> torch.Tensor:
 class Graphs:
     def __init__(self, device: torch.device, capture: bool):
         self.device, self.capture = device, capture
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="cuda-graphs") if capture else None
-        # plain "cuda" is the device current where the shard was built (set_device refuses it without an index)
-        self.index = (torch.cuda.current_device() if device.index is None else device.index) if capture else None
         self.pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for all our graphs
-        self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bucket -> (x, meta) the graphs read
+        self.graphs: dict[tuple[int, int], tuple] = {}  # (B, T) -> (graph, its input buffers, its output)
         self.failed = False
+        self.padded: Counter = Counter()  # (B, T) -> passes padded to it (what the tests check)
 
-    def call(self, fn, *args):
-        """Run fn on the thread that owns the graphs (directly where nothing is captured)."""
-        if self.thread is None:
-            return fn(*args)
-        return self.thread.submit(self._on_thread, fn, *args).result()
-
-    def _on_thread(self, fn, *args):
-        torch.cuda.set_device(self.index)  # (each thread has its own current device)
-        with torch.inference_mode():
-            return fn(*args)
-
-    def run(self, step, slot, b: int, x: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-        """step(slot, x, meta) over the padded pass, replayed from a graph where one can be captured; the
-        result's first x.shape[1] positions. meta: on the host (peers/kv.py)."""
-        n = x.shape[1]
-        x = pad(x, b)
+    def run(self, step, key: tuple[int, int], x: torch.Tensor, meta: torch.Tensor, rows: torch.Tensor):
+        """step(x, meta, rows) over the padded pass (x [B, T(, H)], meta and rows on the host), replayed from
+        the graph of its shape where one can be captured."""
+        self.padded[key] += 1
         if not self.capture or self.failed:
-            return step(slot, x, meta.to(self.device))[:, :n]
-        x_in, meta_in = self._inputs(b, x, meta)
-        x_in.copy_(x)
-        meta_in.copy_(meta)
-        got = slot.graphs.get(b)
+            return step(x.to(self.device), meta.to(self.device), rows.to(self.device))
+        got = self.graphs.get(key)
         if got is None:
+            inputs = tuple(torch.empty_like(t, device=self.device) for t in (x, meta, rows))
+            for buf, t in zip(inputs, (x, meta, rows)):
+                buf.copy_(t)
             try:
-                got = slot.graphs[b] = self._capture(step, slot, x_in, meta_in)
+                graph, out = RUNTIME.capture(self.device, lambda: step(*inputs), self.pool)
             except Exception as e:  # the pass itself still runs, eagerly
                 self.failed = True
-                log.warning("CUDA graphs are off on this member: capturing a pass of %d positions failed (%s: %s); "
-                            "passes run eagerly", b, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-                return step(slot, x, meta_in)[:, :n]
-        graph, out = got
+                log.warning("CUDA graphs are off on this member: capturing a pass of %d x %d positions failed "
+                            "(%s: %s); passes run eagerly", *key, type(e).__name__,
+                            str(e).splitlines()[0] if str(e) else "")
+                return step(*inputs)
+            got = self.graphs[key] = (graph, inputs, out)
+        graph, inputs, out = got
+        for buf, t in zip(inputs, (x, meta, rows)):
+            buf.copy_(t, non_blocking=True)
         graph.replay()
-        return out[:, :n].clone()  # the pool's memory is every graph's scratch: copy out before another replays
+        return out.clone()  # the pool's memory is every graph's scratch: copy out before another replays
 
-    def _inputs(self, b: int, x: torch.Tensor, meta: torch.Tensor):
-        if b not in self.inputs or self.inputs[b][0].dtype != x.dtype:
-            self.inputs[b] = (torch.empty_like(x), torch.empty_like(meta, device=self.device))
-        return self.inputs[b]
-
-    def _capture(self, step, slot, x_in, meta_in):
-        # a warm-up on a side stream first (cuBLAS handles, lazy inits); it computes this very pass, and writing the
-        # same keys and values again is harmless
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            step(slot, x_in, meta_in)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the host's draft may use the GPU from its own thread meanwhile
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            out = step(slot, x_in, meta_in)
-        return graph, out
+    @property
+    def captured(self) -> int:
+        return len(self.graphs)
 
     def close(self) -> None:
-        if self.thread is not None:
-            self.thread.shutdown()
+        """(a re-plan) The graphs and their pool go with the shard."""
+        self.graphs.clear()

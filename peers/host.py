@@ -10,12 +10,13 @@ import itertools
 import logging
 import time
 import weakref
+from dataclasses import dataclass
 
 import torch
 import trio
 
 from . import checkpoint, device, links, models, tensors, validate, wire
-from .batcher import Batcher, Round
+from .batcher import MAX_BATCH, Batcher, Round
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr, peername
 from .errors import FitError, RingError
@@ -23,9 +24,11 @@ from .fingerprint import config_fingerprint
 from .memory import default_device, pick_dtype, reset_peak, usage
 from .membership import Member, Roster, downloading
 from .options import HostOptions
-from .plan import ModelSize, chunk_end, chunk_positions
+from .plan import CONVERSATIONS, ModelSize, chunk_end, chunk_positions
 from .planning import Planner, Target
+from .kv import RoomError
 from .ring_session import RingSession
+from .runtime import RUNTIME
 from .shard import load_config
 from .tensors import DTYPES
 from .threads import call_with_threads
@@ -33,6 +36,18 @@ from .tls import Endpoint as TLSEndpoint
 from .turns import SHARED_CHUNK, Turns
 
 log = logging.getLogger("sfchat.host")
+
+
+@dataclass
+class Part:
+    """One conversation's positions in one pass."""
+
+    s: RingSession
+    committed: int
+    ids: list[int]
+    parents: list[int] | None
+    n_logits: int
+    sent: trio.Event | None
 
 __all__ = ["Host", "Member", "RingError", "RingSession"]
 
@@ -58,7 +73,8 @@ class Host:
                              on_change=lambda: self.on_change(), on_join=self._joined, on_lost=self._lost)
         size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
-                        self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs)
+                        self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs,
+                        opts.conversations or CONVERSATIONS)
         self.planner = Planner(target, self.roster, offer_gb=opts.offer_gb, token=self.token, tls=self.tls,
                                on_change=self._plan_changed)
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
@@ -70,7 +86,8 @@ class Host:
         self.turns = Turns()  # a long pass takes turns with other conversations' passes
         self.threads = torch.get_num_threads()  # for the shard's compute, whatever a draft's thread has set
         self.auto_replan = False  # `sfchat host`: re-plan as members join
-        self.batcher = Batcher(self._run_batch, in_flight=self.devices)  # conversations' rounds go round together
+        # conversations' rounds go round together, as many in a pass as every member's arena has rows for
+        self.batcher = Batcher(self._run_batch, limit=min(MAX_BATCH, self.conversations), in_flight=self.devices)
         # the conversations, while they live (by id: a RingSession, a dataclass, is not hashable)
         self.sessions: weakref.WeakValueDictionary[int, RingSession] = weakref.WeakValueDictionary()
 
@@ -81,6 +98,7 @@ class Host:
     shard = property(lambda self: self.planner.shard)
     first_hop = property(lambda self: self.planner.first_hop)
     max_context = property(lambda self: self.planner.target.max_context)  # what the plan made room for
+    conversations = property(lambda self: self.planner.target.conversations)  # rows of every member's KV arena
 
     async def wait_members(self, n: int, timeout: float = 120) -> None:
         await self.roster.wait(n, timeout)
@@ -206,7 +224,7 @@ class Host:
             return await self.batcher.submit(Round(s, tokens, drafts, parents, sent))
         async with self.planner.gate.share():  # other conversations' passes may be in flight too; no re-plan
             self._check(s)
-            return await self._forward(s, tokens, drafts, sent, parents)
+            return await self._long(s, tokens, drafts, sent, parents)
 
     def _check(self, s: RingSession) -> None:
         if why := self.planner.problem():  # never an answer from part of the model
@@ -216,89 +234,163 @@ class Host:
     def _one_frame(self, s: RingSession, tokens: list[int], drafts: list[int]) -> bool:
         """A round (not a prompt or a replay, which go in chunks): it can go round with others' rounds."""
         n = len(tokens) - self.committed(s) + len(drafts)
-        return 0 < n <= min(SHARED_CHUNK, chunk_positions(self.config.hidden_size,
-                                                      DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME))
+        return 0 < n <= min(SHARED_CHUNK, self._frame_positions())
+
+    def _frame_positions(self) -> int:
+        return chunk_positions(self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME)
 
     async def _run_batch(self, rounds: list[Round]) -> None:
-        """(the batcher) One pass for these rounds: alone, a round takes the ordinary path; together, one frame
-        carries them all (peers/batcher.py). Sets each round's result or error."""
+        """(the batcher) One pass for these rounds: one frame carries as many as its size allows (a frame's worth
+        of positions), the rest the next (peers/batcher.py). Sets each round's result or error."""
         async with self.planner.gate.share():
-            together = []
+            ready = []
             for r in rounds:
                 try:
                     self._check(r.s)
+                    if self._one_frame(r.s, r.tokens, r.drafts):
+                        ready.append(r)
+                    else:  # a replay after a re-plan: in chunks
+                        r.result = await self._long(r.s, r.tokens, r.drafts, r.sent, r.parents)
                 except RingError as e:
                     r.error = e
-                    continue
-                if len(rounds) == 1 or not self._one_frame(r.s, r.tokens, r.drafts):  # (a replay after a re-plan)
-                    try:
-                        r.result = await self._forward(r.s, r.tokens, r.drafts, r.sent, r.parents)
-                    except RingError as e:
-                        r.error = e
-                else:
-                    together.append(r)
-            # as many rounds in one frame as its size allows (a frame's worth of positions), the rest in the next
-            room = chunk_positions(self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME)
-            while together:
+            room = self._frame_positions()
+            while ready:
                 n, used = 0, 0
-                while n < len(together) and (n == 0 or used + self._positions(together[n]) <= room):
-                    used += self._positions(together[n])
+                while n < len(ready) and (n == 0 or used + self._positions(ready[n]) <= room):
+                    used += self._positions(ready[n])
                     n += 1
-                await self._together(together[:n])
-                together = together[n:]
+                await self._rounds(ready[:n])
+                ready = ready[n:]
 
     def _positions(self, r: Round) -> int:
         return len(r.tokens) - self.committed(r.s) + len(r.drafts)
 
-    async def _together(self, rounds: list[Round]) -> None:
+    def _part(self, s: RingSession, committed: int, ids: list[int], parents, n_logits: int, sent) -> Part:
+        """One conversation's positions in a pass, its room checked first (a conversation past it fails alone)."""
+        if committed == 0:
+            s.restart(self.epoch, self.shard.new_session())
+        if not self.shard.fits(committed, len(ids)):
+            s.lost()
+            raise RingError(f"the conversation has outgrown its room: {committed + len(ids):,} positions, and the "
+                            f"ring keeps {self.max_context:,} per conversation (--max-context)")
+        return Part(s, committed, ids, parents, n_logits, sent)
+
+    async def _rounds(self, rounds: list[Round]) -> None:
+        """Conversations' rounds as one pass, their logits from one run of the head."""
         t0 = time.perf_counter()
-        items = []
+        parts, kept = [], []
         for r in rounds:
-            committed = self.committed(r.s)
-            if committed == 0:
-                r.s.restart(self.epoch, self.shard.new_session())
-            items.append((r, committed, r.tokens[committed:] + r.drafts))
-        passes = [(r.s.cache, c, torch.tensor([ids], dtype=torch.long), r.parents) for r, c, ids in items]
-        hs, (header, raw) = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage_many,
-                                                          passes, bool(self.ring), limiter=self.compute)
-        host_ms, trace, failed = (time.perf_counter() - t0) * 1e3, [], {}
-        if self.ring:
-            segments = [{"sid": r.s.sid, "committed": c, "n": len(ids), "n_logits": len(r.drafts) + 1,
-                         **({"parents": r.parents} if r.parents is not None else {})} for r, c, ids in items]
+            c = self.committed(r.s)
             try:
-                reply = await self._round_trip({"t": "fwd", "epoch": self.epoch, "sid": "", "committed": 0,
-                                                "n_logits": 1, "batch": segments, "x": header, "raw": raw,
-                                                "trace": []},
-                                               sum(len(ids) for _, _, ids in items), [r.sent for r in rounds])
-                h = validate.forward_frame(reply, self.config.hidden_size)
-                back = validate.segments(reply, h.shape[1])
-            except (RingError, wire.WireError) as e:
-                for r in rounds:
-                    r.s.lost()
-                    r.error = e if isinstance(e, RingError) else RingError(f"the last member returned a bad frame: {e}")
-                return
-            failed, trace, at = dict(reply.get("failed") or {}), reply["trace"], {}
-            for seg, (a, b) in zip(back, validate.bounds(back)):
-                at[seg["sid"]] = h[:, a:b]
-            hs = [at.get(r.s.sid) for r in rounds]
+                parts.append(self._part(r.s, c, r.tokens[c:] + r.drafts, r.parents, len(r.drafts) + 1, r.sent))
+                kept.append(r)
+            except RingError as e:
+                r.error = e
+        if not parts:
+            return
+        try:
+            hs, host_ms, trace, failed = await self._pass(parts)
+        except RingError as e:
+            for r in kept:
+                r.s.lost()
+                r.error = e
+            return
         t1 = time.perf_counter()
-        done = [(r, c, ids, h) for (r, c, ids), h in zip(items, hs) if h is not None]
-        outs = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish_many,
-                                             [(h[0], len(r.drafts) + 1) for r, _, _, h in done], limiter=self.compute)
+        done = [(r, p, h) for r, p, h in zip(kept, parts, hs) if h is not None]
+        outs = await self._finish([(h[0], p.n_logits) for _, p, h in done])
         head_ms, total_ms = (time.perf_counter() - t1) * 1e3, (time.perf_counter() - t0) * 1e3
         peers_ms = sum(ms for _, ms in trace)
-        timing = {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms, "batch": len(rounds),
-                  "positions": sum(len(ids) for _, _, ids in items),
+        timing = {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms, "batch": len(parts),
+                  "positions": sum(len(p.ids) for p in parts),
                   "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
-        for (r, c, ids, _), (feats, logits, best) in zip(done, outs):
-            r.s.passed(c, len(ids))
-            r.s.features, r.s.best = (c, ids, feats), best
+        for (r, p, _), (feats, logits, best) in zip(done, outs):
+            r.s.passed(p.committed, len(p.ids))
+            r.s.features, r.s.best = (p.committed, p.ids, feats), best
             r.result = (logits, timing)
             self.turns.went(r.s.sid)
-        for r, _, _ in items:
+        for r in kept:
             if r.result is None:
                 r.s.lost()
                 r.error = RingError(str(failed.get(r.s.sid) or "a member left this conversation out of the pass"))
+
+    async def _long(self, s: RingSession, tokens: list[int], drafts: list[int],
+                    sent: trio.Event | None, parents: list[int] | None) -> tuple[torch.Tensor, dict]:
+        """A long pass (a prompt, a replay) goes round in chunks that each fit a frame, the drafts in the last; each
+        chunk's `committed` is what the chunks before it left in every stage (the rollback rule, chunk by chunk).
+        While others answer, the chunks are short and take turns with their passes (peers/turns.py). The chunks'
+        hidden states come back into one tensor, each straight into its place."""
+        committed = self.committed(s)
+        ids, n_logits = tokens[committed:] + drafts, len(drafts) + 1
+        t0 = time.perf_counter()
+        h, host_ms, trace, a = None, 0.0, {}, 0
+        while a < len(ids):
+            if a:
+                await self.turns.let_others_go(s.sid, stop=lambda: self.planner.gate.replanning)
+            b = chunk_end(a, len(ids), SHARED_CHUNK if self.turns.others(s.sid) else self._frame_positions(),
+                          n_logits)
+            last = b == len(ids)
+            if h is None and not last:
+                h = self._pass_buffer(len(ids))
+            place = h[:, a:b] if h is not None else None
+            part = self._part(s, committed + a, ids[a:b], parents if last else None, n_logits if last else 1,
+                              sent if last else None)
+            try:
+                (out,), ms, chunk_trace, failed = await self._pass([part], place)
+            except RingError:
+                s.lost()
+                raise
+            if out is None:
+                s.lost()
+                raise RingError(str(failed.get(s.sid) or "a member left this conversation out of the pass"))
+            if h is None:
+                h = out
+            elif out.data_ptr() != place.data_ptr():  # the host alone, or another dtype came back
+                place.copy_(out)
+            host_ms += ms
+            for name, peer_ms in chunk_trace:
+                trace[name] = trace.get(name, 0.0) + peer_ms
+            s.passed(committed, b)
+            if not last:
+                self.turns.went(s.sid)
+            a = b
+        t1 = time.perf_counter()
+        ((feats, logits, s.best),) = await self._finish([(h[0], n_logits)])
+        s.features = (committed, ids, feats)  # what a feature draft reads next
+        self.turns.went(s.sid)
+        head_ms = (time.perf_counter() - t1) * 1e3
+        total_ms = (time.perf_counter() - t0) * 1e3
+        peers_ms = sum(trace.values())
+        return logits, {"host_ms": host_ms + head_ms, "peers": [[n, ms] for n, ms in trace.items()],
+                        "peers_ms": peers_ms, "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0),
+                        "pass_ms": total_ms}
+
+    async def _pass(self, parts: list[Part], place: torch.Tensor | None = None) -> tuple[list, float, list, dict]:
+        """Conversations' positions through the host's layers and round the ring as one frame: each one's hidden
+        states [1, T, H] (None where a member left it out; the last in `place`, if given and they fit it), the
+        host's milliseconds, each member's, and why any was left out."""
+        t0 = time.perf_counter()
+        passes = [(p.s.cache, p.committed, torch.tensor([p.ids], dtype=torch.long), p.parents) for p in parts]
+        try:
+            hs, (header, raw) = await trio.to_thread.run_sync(call_with_threads, self.threads, RUNTIME.call,
+                                                              self.device, self._first_stage, passes, bool(self.ring),
+                                                              limiter=self.compute)
+        except RoomError as e:
+            raise RingError(str(e)) from None
+        host_ms = (time.perf_counter() - t0) * 1e3
+        if not self.ring:
+            return hs, host_ms, [], {}
+        segments = [{"sid": p.s.sid, "committed": p.committed, "n": len(p.ids), "n_logits": p.n_logits,
+                     **({"parents": p.parents} if p.parents is not None else {})} for p in parts]
+        reply = await self._round_trip({"t": "fwd", "epoch": self.epoch, "sid": "", "committed": 0, "n_logits": 1,
+                                        "batch": segments, "x": header, "raw": raw, "trace": []},
+                                       sum(len(p.ids) for p in parts), [p.sent for p in parts], place)
+        try:
+            h = validate.forward_frame(reply, self.config.hidden_size)
+            back = validate.segments(reply, h.shape[1])
+        except wire.WireError as e:
+            raise RingError(f"the last member returned a bad frame: {e}") from None
+        at = {seg["sid"]: h[:, a:b] for seg, (a, b) in zip(back, validate.bounds(back))}
+        return [at.get(p.s.sid) for p in parts], host_ms, reply["trace"], dict(reply.get("failed") or {})
 
     async def _round_trip(self, frame: dict, n_positions: int, sent: list, place: torch.Tensor | None = None) -> dict:
         """Send a pass to the first member and wait for the last one's reply (RingError if the ring fails it); the
@@ -322,52 +414,6 @@ class Host:
             raise RingError(str(reply.get("error")))
         return reply
 
-    async def _forward(self, s: RingSession, tokens: list[int], drafts: list[int],
-                       sent: trio.Event | None, parents: list[int] | None) -> tuple[torch.Tensor, dict]:
-        committed = self.committed(s)
-        if committed == 0:
-            s.restart(self.epoch, self.shard.new_session())
-        ids, n_logits = tokens[committed:] + drafts, len(drafts) + 1
-        t0 = time.perf_counter()
-        # a long pass (a prompt, a replay) goes round in chunks that each fit a frame, the drafts in the last; each
-        # chunk's `committed` is what the chunks before it left in every stage (the rollback rule, chunk by chunk).
-        # While others answer, the chunks are short and take turns with their passes (peers/turns.py). The chunks'
-        # hidden states come back into one tensor, each straight into its place.
-        size = chunk_positions(self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME)
-        h, host_ms, trace, a = None, 0.0, {}, 0
-        while a < len(ids):
-            if a:
-                await self.turns.let_others_go(s.sid, stop=lambda: self.planner.gate.replanning)
-            b = chunk_end(a, len(ids), SHARED_CHUNK if self.turns.others(s.sid) else size, n_logits)
-            last = b == len(ids)
-            if h is None and not last:
-                h = self._pass_buffer(len(ids))
-            place = h[:, a:b] if h is not None else None
-            out, ms, chunk_trace = await self._chunk(s, committed + a, ids[a:b], parents if last else None,
-                                                     n_logits if last else 1, sent if last else None, place)
-            if h is None:
-                h = out
-            elif out.data_ptr() != place.data_ptr():  # the host alone, or another dtype came back
-                place.copy_(out)
-            host_ms += ms
-            for name, peer_ms in chunk_trace:
-                trace[name] = trace.get(name, 0.0) + peer_ms
-            s.passed(committed, b)
-            if not last:
-                self.turns.went(s.sid)
-            a = b
-        t1 = time.perf_counter()
-        feats, logits, s.best = await trio.to_thread.run_sync(call_with_threads, self.threads, self._finish, h[0],
-                                                              n_logits, limiter=self.compute)
-        s.features = (committed, ids, feats)  # what a feature draft reads next
-        self.turns.went(s.sid)
-        head_ms = (time.perf_counter() - t1) * 1e3
-        total_ms = (time.perf_counter() - t0) * 1e3
-        peers_ms = sum(trace.values())
-        return logits, {"host_ms": host_ms + head_ms, "peers": [[n, ms] for n, ms in trace.items()],
-                        "peers_ms": peers_ms, "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0),
-                        "pass_ms": total_ms}
-
     def _pass_buffer(self, n: int) -> torch.Tensor:
         """The hidden states [1, n, hidden] of a pass that goes round in chunks: on the host's device when it is
         alone, else on the CPU (pinned for a GPU) where the last hop's bytes land."""
@@ -376,70 +422,34 @@ class Host:
             return torch.empty(1, n, self.config.hidden_size, dtype=dtype, device=self.device)
         return torch.empty(1, n, self.config.hidden_size, dtype=dtype, pin_memory=device.pinned(self.device))
 
-    async def _chunk(self, s: RingSession, committed: int, ids: list[int], parents: list[int] | None,
-                     n_logits: int, sent: trio.Event | None, place: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, float, list]:
-        """Positions committed.. of one pass through the host's layers and round the ring: the last hidden states
-        (in `place`, if given and they fit it), the host's milliseconds, and each member's."""
-        t0 = time.perf_counter()
-        x = torch.tensor([ids], dtype=torch.long)
-        h, (header, raw) = await trio.to_thread.run_sync(call_with_threads, self.threads, self._first_stage, s.cache,
-                                                         committed, x, parents, bool(self.ring), limiter=self.compute)
-        host_ms = (time.perf_counter() - t0) * 1e3
-        if not self.ring:
-            return h, host_ms, []
-        try:
-            reply = await self._round_trip({"t": "fwd", "epoch": self.epoch, "sid": s.sid, "committed": committed,
-                                            "n_logits": n_logits, "x": header, "raw": raw, "trace": [],
-                                            **({"parents": parents} if parents is not None else {})},
-                                           len(ids), [sent], place)
-        except RingError:
-            s.lost()
-            raise
-        try:
-            h = validate.forward_frame(reply, self.config.hidden_size)
-        except wire.WireError as e:
-            raise RingError(f"the last member returned a bad frame: {e}") from None
-        return h, host_ms, reply["trace"]
-
     def _landing(self, msg: dict, n: int) -> memoryview:
         """Where the last hop's hidden states land, once checked: in the place their pass keeps for them, if they
         fit it; else a buffer of their own (pinned if they go on to a GPU)."""
         place = self.waiting.get((msg.get("sid"), msg.get("seq")), (None, None))[1]
         return validate.landing(msg, n, self.config.hidden_size, device.pinned(self.device), place)
 
-    def _first_stage(self, cache, committed: int, x: torch.Tensor, parents, pack: bool):
-        """(worker thread) The host's layers and the frame's copy of them on the CPU, finished on the device (one
-        event) before they are timed: trio's thread never waits for the device."""
-        h = self.shard.forward(cache, committed, x, parents)
-        out = tensors.host_bytes(h) if pack else (None, None)
-        device.finish(self.device)
-        return h, out
-
-    def _first_stage_many(self, passes: list, pack: bool):
-        """(worker thread) The host's layers over several conversations' passes at once (Shard.forward_many)."""
-        hs = self.shard.forward_many(passes)
+    def _first_stage(self, passes: list, pack: bool):
+        """(device runtime) The host's layers over the pass and the frame's copy of them on the CPU, finished on
+        the device (one event) before they are timed: trio's thread never waits for the device."""
+        hs = self.shard.forward(passes)
         out = tensors.host_bytes(torch.cat(hs, dim=1)) if pack else (None, None)
         device.finish(self.device)
         return hs, out
 
-    def _finish_many(self, passes: list) -> list:
-        """(worker thread) Features, logits and argmax ids (as _finish) of each conversation's pass, the head run
-        once over all of them."""
-        outs = self.shard.finish_many([(h.to(self.device, non_blocking=True), n) for h, n in passes]) if passes else []
-        best = [logits.argmax(-1).cpu() for _, logits in outs]
+    async def _finish(self, passes: list[tuple[torch.Tensor, int]]) -> list:
+        return await trio.to_thread.run_sync(call_with_threads, self.threads, RUNTIME.call, self.device,
+                                             self._head, passes, limiter=self.compute)
+
+    def _head(self, passes: list) -> list:
+        """(device runtime) Features, logits and each logits row's argmax (the target's greedy choice, taken where
+        the logits are: only those ids come to the CPU) of each conversation's pass, the head run once over all
+        of them, finished on the device before the pass's time is taken."""
+        outs = self.shard.finish([(h.to(self.device, non_blocking=True), n) for h, n in passes])
+        best = [logits.argmax(-1) for _, logits in outs]
+        if self.shard.device.type != "cpu":
+            best = [torch.empty(b.shape, dtype=b.dtype, pin_memory=True).copy_(b, non_blocking=True) for b in best]
         device.finish(self.device)
         return [(feats, logits, b.tolist()) for (feats, logits), b in zip(outs, best)]
-
-    def _finish(self, h: torch.Tensor, n_logits: int):
-        """(worker thread) Features, logits and each logits row's argmax (the target's greedy choice, taken where
-        the logits are: only those ids come to the CPU), finished on the device before the pass's time is taken."""
-        feats, logits = self.shard.finish(h.to(self.device, non_blocking=True), n_logits)
-        best = logits.argmax(-1)
-        if best.device.type != "cpu":
-            best = torch.empty(best.shape, dtype=best.dtype, pin_memory=True).copy_(best, non_blocking=True)
-        device.finish(self.device)
-        return feats, logits, best.tolist()
 
     async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:
         """The pass's result, or RingError as soon as a ring member is declared lost."""

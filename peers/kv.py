@@ -1,17 +1,20 @@
-"""One conversation's keys and values on one member, in static buffers that every pass writes in place.
+"""Every conversation's keys and values on one member, in one arena allocated when the member loads its span.
 
-A slot holds two tensors [layers, 1, kv_heads, capacity, head_dim] for the shard's layers (the 1 is a batch row:
-several conversations in one pass would be rows here). A pass writes its keys and values at cache indices
-committed..committed+T-1 with index_copy_, and attention reads the columns a mask allows. The rollback rule is
-setting `length`: what lies past it is overwritten by the next pass; nothing is cropped or concatenated.
+The arena is two tensors [layers, rows + 1, kv_heads, room, head_dim]: a row of `room` positions (--max-context and
+a graph bucket's padding, peers/plan.py cache_positions) for each conversation the plan admits, and one scratch row
+that a padded batch's empty places write to. Nothing in it is ever reallocated, so a CUDA graph captured over it
+(peers/graphs.py) stays valid for the member's life. A conversation takes a row at its first pass and gives it
+back when it ends; a member asked for one more row than it has takes the row of the conversation idle longest
+(the host replays that one if it comes back: the rollback rule below).
 
+A pass writes its keys and values at cache columns committed..committed+T-1, and attention reads the columns a
+mask allows. The rollback rule is setting `length`: what lies past it is overwritten by the next pass.
 Sliding-window layers keep every position too (the mask applies the window), so a rollback never needs states a
-window dropped. Capacity grows in blocks (peers/plan.py counts the largest), so a short chat holds little; CUDA
-graphs captured over a slot's buffers (peers/graphs.py) are dropped when they grow.
+window dropped.
 
-Everything a pass needs besides its input travels in one small tensor (`meta`: committed, each row's position,
-which rows of the pass each row sees); masks, cache indices and rotary embeddings are computed from it on the
-device, so a captured graph reads the next pass's values from the same buffer.
+Everything a pass needs besides its input travels in one small tensor per conversation (`meta`: committed, each
+row's position, which rows of the pass each row sees); masks, cache columns and rotary embeddings are computed
+from it on the device, so a captured graph reads the next pass's values from the same buffer.
 """
 from __future__ import annotations
 
@@ -22,66 +25,84 @@ from dataclasses import dataclass, field
 import torch
 
 from . import tree
-from .plan import KV_BLOCK
 
 
-class Slot:
-    """The buffers of one conversation's keys and values, and the graphs captured over them."""
+class RoomError(ValueError):
+    """A conversation past the room its member's arena keeps for it (one line for the user)."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
-        self.shape = (layers, 1, kv_heads, 0, head_dim)
-        self.dtype, self.device = dtype, device
-        self.keys = self.values = torch.zeros(self.shape, dtype=dtype, device=device)
-        self.graphs: dict = {}  # T bucket -> a graph captured over these buffers (peers/graphs.py)
+
+class Arena:
+    def __init__(self, layers: int, rows: int, kv_heads: int, head_dim: int, room: int, dtype: torch.dtype,
+                 device: torch.device, zeroed: bool):
+        """zeroed: where a pass may read columns nobody wrote (a padded pass reads a row's whole room, masked; a
+        hidden NaN would still spoil the sum, 0 x NaN). An eager pass reads only what was written, so on a CPU the
+        arena's pages are touched only as conversations fill them."""
+        shape = (layers, rows + 1, kv_heads, room, head_dim)
+        make = torch.zeros if zeroed else torch.empty
+        self.keys, self.values = (make(shape, dtype=dtype, device=device) for _ in range(2))
+        self.rows, self.room, self.scratch = rows, room, rows
+        self.free = list(range(rows - 1, -1, -1))
+        self.holders: dict[int, weakref.ref] = {}  # row -> the SessionCache holding it
 
     @property
-    def capacity(self) -> int:
-        return self.keys.shape[3]
+    def bytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
 
-    def reserve(self, n: int) -> None:
-        """Room for positions 0..n-1, keeping what is held. Zeros, not empty: a padded pass reads columns its
-        mask hides, and a hidden NaN would still spoil the sum (0 x NaN)."""
-        if n <= self.capacity:
-            return
-        shape = list(self.shape)
-        shape[3] = -(-n // KV_BLOCK) * KV_BLOCK
-        keys, values = (torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2))
-        keys[..., : self.capacity, :] = self.keys
-        values[..., : self.capacity, :] = self.values
-        self.keys, self.values = keys, values
-        self.graphs.clear()  # they point at the old buffers
+    def place(self, caches: list["SessionCache"]) -> None:
+        """A row for each of these conversations that lacks one: a free one, else the row of the conversation
+        (not among these) idle longest, which is told it lost its positions."""
+        for s in caches:
+            if s.cell[0] is not None:
+                continue
+            if not self.free:
+                idle = [(h.last_used, row, h) for row, ref in self.holders.items()
+                        if (h := ref()) is not None and all(h is not c for c in caches)]
+                if not idle:
+                    raise RoomError(f"this member's arena holds {self.rows} conversations and a pass asked for more")
+                _, row, victim = min(idle, key=lambda v: v[0])
+                victim.cell[0], victim.length, victim.evicted = None, 0, True
+                self.free.append(row)
+            row = self.free.pop()
+            s.cell[0], s.evicted = row, False
+            self.holders[row] = weakref.ref(s)
+            weakref.finalize(s, self._release, s.cell)
+
+    def _release(self, cell: list) -> None:
+        if cell[0] is not None:
+            self.holders.pop(cell[0], None)
+            self.free.append(cell[0])
+            cell[0] = None
 
 
-@dataclass
+@dataclass(eq=False)
 class SessionCache:
-    """One conversation on one shard: its slot, and how many positions of it hold the conversation."""
+    """One conversation on one member: its row of the arena (None until its first pass), and how many positions
+    of it hold the conversation. `evicted`: its row went to another conversation; it holds nothing."""
 
-    slot: Slot
     length: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    cell: list = field(default_factory=lambda: [None])  # [row]: shared with the finalizer that frees it
+    evicted: bool = False
 
-
-def recycle(shard: weakref.ref, slot: Slot, keep: int) -> None:
-    """(when a SessionCache is freed) A slot with captured graphs goes back to its shard (if that still lives)
-    for the next conversation: capturing again costs more than keeping them."""
-    owner = shard()
-    if owner is not None and slot.graphs and len(owner.spare) < keep:
-        owner.spare.append(slot)
+    @property
+    def row(self) -> int | None:
+        return self.cell[0]
 
 
 class Writer:
-    """What transformers' attention layers call as their cache during one pass: `update` writes the pass's keys
-    and values at their cache indices and returns the columns [lo, hi) that the layer's mask covers."""
+    """What transformers' attention layers call as their cache during a padded pass of B rows: `update` writes the
+    pass's keys and values [B, kv_heads, T, head_dim] at their rows and columns and returns each row's whole room.
+    rows [B], columns [B, T]: tensors on the device (a graph's inputs)."""
 
-    def __init__(self, slot: Slot, first_layer: int, index: torch.Tensor, views: dict[int, tuple[int, int]]):
-        self.slot, self.first, self.index, self.views = slot, first_layer, index, views
+    def __init__(self, arena: Arena, first_layer: int, rows: torch.Tensor, columns: torch.Tensor):
+        self.arena, self.first, self.rows, self.columns = arena, first_layer, rows, columns
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        keys, values = self.slot.keys[layer_idx - self.first], self.slot.values[layer_idx - self.first]
-        keys.index_copy_(2, self.index, key_states)
-        values.index_copy_(2, self.index, value_states)
-        lo, hi = self.views[layer_idx]
-        return keys[:, :, lo:hi], values[:, :, lo:hi]
+        keys, values = self.arena.keys[layer_idx - self.first], self.arena.values[layer_idx - self.first]
+        at = (self.rows[:, None], slice(None), self.columns)  # -> [B, T, kv_heads, head_dim]
+        keys[at] = key_states.transpose(1, 2)
+        values[at] = value_states.transpose(1, 2)
+        return keys[self.rows], values[self.rows]
 
 
 def meta(committed: int, n_tokens: int, parents: list[int] | None, size: int) -> torch.Tensor:
@@ -95,21 +116,22 @@ def meta(committed: int, n_tokens: int, parents: list[int] | None, size: int) ->
 
 
 def unpack(m: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(device) meta -> (committed as a 0-d tensor, positions [1, size], sees [size, size] bool)."""
-    return m[0], m[1 : 1 + size][None], m[1 + size :].view(size, size).bool()
+    """(device) metas [B, 1 + size + size^2] -> (committed [B], positions [B, size], sees [B, size, size] bool)."""
+    return m[:, 0], m[:, 1 : 1 + size], m[:, 1 + size :].view(-1, size, size).bool()
 
 
 def visible(committed: torch.Tensor, pos: torch.Tensor, sees: torch.Tensor, lo: int, hi: int,
             window: int | None) -> torch.Tensor:
-    """(device) Boolean mask [1, 1, T, hi - lo] over cache columns lo..hi-1 (True: may attend). The committed
+    """(device) Boolean mask [B, 1, T, hi - lo] over cache columns lo..hi-1 (True: may attend). The committed
     prefix is seen by every row, the pass's own columns as `sees` says, nothing after; a sliding window also
     hides a column whose position is `window` or more before the row's."""
     col = torch.arange(lo, hi, device=pos.device)
-    j = col - committed  # the column's row in this pass; negative: the committed prefix
-    t = pos.shape[-1]
+    b, t = pos.shape
+    j = col[None, :] - committed[:, None]  # [B, C]: the column's row in this pass; negative: the committed prefix
     jc = j.clamp(0, t - 1)
-    allowed = (sees[:, jc] & (j < t)) | (j < 0)
+    allowed = torch.gather(sees, 2, jc[:, None, :].expand(b, t, -1))
+    allowed = (allowed & (j < t)[:, None, :]) | (j < 0)[:, None, :]
     if window is not None:
-        kv_pos = torch.where(j < 0, col, pos[0, jc])
-        allowed &= (pos[0, :, None] - kv_pos[None, :]) < window
-    return allowed[None, None]
+        kv_pos = torch.where(j < 0, col[None, :], torch.gather(pos, 1, jc))
+        allowed &= (pos[:, :, None] - kv_pos[:, None, :]) < window
+    return allowed[:, None]

@@ -8,6 +8,7 @@ import resource
 import torch
 
 from .plan import CUDA_MARGIN, size
+from .runtime import RUNTIME
 
 
 def free_bytes(device: str) -> int:
@@ -79,8 +80,8 @@ def give_back(device: str) -> None:
     grew by a shard per re-plan), and CUDA's caching allocator keeps freed blocks that the next plan's free memory
     would not count."""
     release_freed()
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    if device.startswith("cuda"):
+        RUNTIME.empty_cache()
 
 
 def _libc():
@@ -99,8 +100,8 @@ def is_oom(e: BaseException) -> bool:
 
 def oom_line(who: str, device: str, doing: str) -> str:
     """One line for the host and the user: who ran out, doing what, with its numbers."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.empty_cache()  # what the failed step held goes back before free memory is read
+    if device.startswith("cuda"):
+        RUNTIME.empty_cache()  # what the failed step held goes back before free memory is read
     now, peak = usage(device)
     return (f"{who} ran out of memory on {device} {doing} ({size(now)} in use, peak {size(peak)}, "
             f"{size(free_bytes(device))} free)")

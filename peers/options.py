@@ -21,6 +21,7 @@ class HostOptions:
     relay: str | None = None  # also reachable through this relay
     max_context: int | None = None  # None: the model's limit, capped
     graphs: bool = True  # CUDA graphs of short passes (a GPU only)
+    conversations: int | None = None  # rows of each member's KV arena (--max-conversations); None: the default
 
 
 @dataclass(frozen=True)

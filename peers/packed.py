@@ -2,8 +2,8 @@
 
 A decoder layer's matrices (q/k/v/o and the MLP) treat every position alike, so they run once over the packed
 sequence and read the weights once for all conversations: on a decode pass that reading is most of the cost.
-Only attention must keep conversations apart. Each one's keys and values go to its own slot (peers/kv.py), and
-each one's queries attend to its own slot under its own mask. The layers pass what the cache returns and the
+Only attention must keep conversations apart. Each one's keys and values go to its own row of the arena (peers/kv.py), and
+each one's queries attend to its own row under its own mask. The layers pass what the cache returns and the
 mask they are given straight to the attention function, so a `Packed` list travels through them untouched, and
 `attention` below, registered with transformers, splits the queries by segment and calls the family's own
 attention on each. A draft's conversations keep transformers' own caches: `Caches` hands each its segment.
@@ -42,17 +42,20 @@ class Caches:
 
 
 class Writer:
-    """The cache transformers' attention layers call during a packed pass: `update` writes each segment's keys and
-    values into its own slot at its cache indices and returns, per segment, the columns its mask covers."""
+    """The cache transformers' attention layers call during an eager pass: `update` writes each segment's keys and
+    values into its conversation's row of the arena (peers/kv.py) at its cache columns and returns, per segment,
+    the columns its mask covers."""
 
-    def __init__(self, slots, first_layer: int, indices: list[torch.Tensor], views: list[dict],
+    def __init__(self, arena, rows: list[int], first_layer: int, indices: list[torch.Tensor], views: list[dict],
                  bounds: list[tuple[int, int]]):
-        self.slots, self.first, self.indices, self.views, self.bounds = slots, first_layer, indices, views, bounds
+        self.arena, self.rows, self.first = arena, rows, first_layer
+        self.indices, self.views, self.bounds = indices, views, bounds
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         keys, values = [], []
-        for slot, index, views, (a, b) in zip(self.slots, self.indices, self.views, self.bounds):
-            k, v = slot.keys[layer_idx - self.first], slot.values[layer_idx - self.first]
+        layer = layer_idx - self.first
+        for row, index, views, (a, b) in zip(self.rows, self.indices, self.views, self.bounds):
+            k, v = self.arena.keys[layer, row : row + 1], self.arena.values[layer, row : row + 1]
             k.index_copy_(2, index, key_states[:, :, a:b])
             v.index_copy_(2, index, value_states[:, :, a:b])
             lo, hi = views[layer_idx]

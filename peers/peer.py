@@ -22,7 +22,8 @@ from .errors import CannotServe, ModelError
 from .memory import (default_device, free_bytes, give_back, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes,
                      usage)
 from .options import PeerOptions
-from .plan import Span
+from .plan import CONVERSATIONS, Span
+from .runtime import RUNTIME
 from .shard import Shard
 from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint
@@ -147,10 +148,10 @@ class Peer:
         except ChannelClosed:
             pass
 
-    def _load(self, model_dir, span: Span) -> Shard:
+    def _load(self, model_dir, span: Span, room: tuple[int | None, int]) -> Shard:
         injected_failure(self.name, "load", self.device)
         return Shard(model_dir, span, embed=False, head=False, dtype=self.dtype, quant=self.quant,
-                     device=self.device, graphs=self.graphs)
+                     device=self.device, graphs=self.graphs, context=room[0], conversations=room[1])
 
     def _memory(self) -> dict:
         now, peak = usage(self.device)
@@ -203,14 +204,21 @@ class Peer:
         if mine != theirs:
             raise ModelError(f"this peer's model ({spec}) is not the host's: its weights for layers {span} "
                                     f"differ ({mine[:12]} here, {str(theirs)[:12]} at the host); pass the same --model")
-        if self.shard is None or self.shard.span != span or self.shard_dir != model_dir:
+        room = (msg.get("max_context") if isinstance(msg.get("max_context"), int) else None,
+                max(1, int(msg.get("conversations") or CONVERSATIONS)))  # the KV arena the plan counted
+        shard = self.shard
+        same = shard is not None and (shard.span, self.shard_dir, shard.context, shard.arena.rows) == (
+            span, model_dir, *room)
+        if not same:
             await self._fetch(source, span, ctl)  # what this span lacks; the old span serves until it is here
-            self.shard = None  # free the old span (and the caches of its layers) before loading the new one
+            if shard is not None:
+                shard.close()
+            self.shard = shard = None  # free the old span (and the caches of its layers) before loading the new one
             self.sessions.clear()
             give_back(self.device)
             self.base_bytes = usage(self.device)[0]
             t0 = time.monotonic()
-            self.shard = await trio.to_thread.run_sync(self._load, model_dir, span)
+            self.shard = await trio.to_thread.run_sync(self._load, model_dir, span, room)
             self.shard_dir = model_dir
             log.info("loaded layers %s in %.2f s", span, time.monotonic() - t0)
 
@@ -277,7 +285,7 @@ class Peer:
         if shard is None:
             return await self._fail(msg, f"{self.name} holds no layers yet")
         x = validate.forward_frame(msg, shard.hidden_size)  # schema first: a bad frame closes the link
-        many = "batch" in msg
+        many = "batch" in msg  # (a frame without one is a batch of one, its own fields its segment's)
         segs = validate.segments(msg, x.shape[1]) if many else [
             {"sid": msg["sid"], "committed": msg["committed"], "n": x.shape[1],
              **({"parents": msg["parents"]} if "parents" in msg else {})}]
@@ -299,8 +307,8 @@ class Peer:
         if not passes:
             return await self._fail(msg, "; ".join(failed.values())) if failed else None
         try:
-            (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(self._compute, shard, passes,
-                                                                       limiter=self.compute)
+            (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(RUNTIME.call, shard.device, self._compute,
+                                                                       shard, passes, limiter=self.compute)
         except ValueError as e:
             for seg in kept:
                 self.sessions.pop(seg["sid"], None)
@@ -326,11 +334,11 @@ class Peer:
         return validate.landing(msg, n, shard.hidden_size if shard else None, device.pinned(self.device))
 
     def _compute(self, shard: Shard, passes: list) -> tuple[tuple[dict, memoryview], float]:
-        """(worker thread) This span's layers over the frame's passes and their copy back to the CPU for the wire,
+        """(device runtime) This span's layers over the frame's passes and their copy back to the CPU for the wire,
         finished on the device (one event) before they are timed: trio's thread never waits for the device."""
         t0 = time.perf_counter()
         injected_failure(self.name, "pass", self.device)
-        hs = shard.forward_many([(s, c, x.to(shard.device, non_blocking=True), p) for s, c, x, p in passes])
+        hs = shard.forward(passes)
         out = tensors.host_bytes(torch.cat(hs, dim=1) if len(hs) > 1 else hs[0])
         device.finish(shard.device)
         ms = (time.perf_counter() - t0) * 1e3

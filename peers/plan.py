@@ -20,7 +20,8 @@ CUDA_MARGIN = 1 << 30  # what the CUDA context, cuBLAS workspaces and allocator 
 MAX_CONTEXT = 8192  # the default --max-context: the model's own limit, capped here
 MAX_PASS_POSITIONS = 1024  # a longer pass (prefill, replay) is cut into chunks of at most this many positions
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)  # pass lengths a CUDA graph is captured for (a pass is padded up to one)
-KV_BLOCK = 256  # a conversation's static KV cache grows by this many positions at a time (peers/kv.py)
+BATCH_BUCKETS = (1, 2, 4, 8, 16)  # conversations in a graphed pass (a batch is padded up to one)
+CONVERSATIONS = 4  # the default --max-conversations: rows of the KV arena each member allocates (peers/kv.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +114,9 @@ def kv_bytes(m: ModelSize, dtype: str, context: int) -> int:
 
 
 def cache_positions(context: int) -> int:
-    """The positions a static KV cache holds at most for `context`: a pass padded to its graph bucket writes
-    past the conversation's end, and the cache grows in whole blocks."""
-    return -(-(context + GRAPH_BUCKETS[-1] - 1) // KV_BLOCK) * KV_BLOCK
+    """The positions one conversation's row of the KV arena holds for `context`: a round's drafts past the last
+    position the context allows, padded to their graph bucket."""
+    return context + 2 * GRAPH_BUCKETS[-1]
 
 
 def pass_bytes(m: ModelSize, dtype: str, context: int) -> int:
@@ -126,54 +127,55 @@ def pass_bytes(m: ModelSize, dtype: str, context: int) -> int:
     return t * (4 * m.hidden + 3 * m.intermediate + m.heads * context) * DTYPE_BYTES[dtype]
 
 
-def layer_bytes(m: ModelSize, o: Offer, context: int) -> int:
-    return weight_bytes(m, o.dtype, o.quant) + kv_bytes(m, o.dtype, cache_positions(context))
+def layer_bytes(m: ModelSize, o: Offer, context: int, rows: int = 1) -> int:
+    """One layer's weights and its part of the KV arena: `rows` conversations of `context` positions."""
+    return weight_bytes(m, o.dtype, o.quant) + rows * kv_bytes(m, o.dtype, cache_positions(context))
 
 
 def host_bytes(m: ModelSize, dtype: str, drafter: int = 0) -> int:
     return m.host_weights * DTYPE_BYTES[dtype] + drafter
 
 
-def capacities(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0) -> list[int]:
+def capacities(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0, rows: int = 1) -> list[int]:
     """How many layers each member can hold (the host's fixed part and one pass's working set come off first)."""
     caps = []
     for i, o in enumerate(offers):
         fixed = pass_bytes(m, o.dtype, context) + (host_bytes(m, o.dtype, drafter) if i == 0 else 0)
-        caps.append(max(o.free - fixed, 0) // layer_bytes(m, o, context))
+        caps.append(max(o.free - fixed, 0) // layer_bytes(m, o, context, rows))
     return caps
 
 
-def ring_bytes(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0) -> int:
+def ring_bytes(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0, rows: int = 1) -> int:
     """What the whole model needs in a ring of these members: every layer at the host's dtype and quantization,
     the host's fixed part, one pass's working set on each member."""
     h = offers[0]
-    return (m.n_layers * layer_bytes(m, h, context) + host_bytes(m, h.dtype, drafter)
+    return (m.n_layers * layer_bytes(m, h, context, rows) + host_bytes(m, h.dtype, drafter)
             + len(offers) * pass_bytes(m, h.dtype, context))
 
 
-def plan(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0) -> list[Span]:
+def plan(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0, rows: int = 1) -> list[Span]:
     """Contiguous spans, host first, each within what its member can hold; FitError if the ring cannot."""
     host = offers[0]
     fixed = host_bytes(m, host.dtype, drafter) + pass_bytes(m, host.dtype, context)
     if host.free < fixed:
         raise FitError(f"the host needs {size(fixed)} for the embedding, head, drafter and a pass in {host.dtype}; "
                        f"it offers {size(host.free)}")
-    caps = capacities(m, offers, context, drafter)
+    caps = capacities(m, offers, context, drafter, rows)
     if sum(caps) < m.n_layers:
-        raise FitError(_too_small(m, offers, context, drafter, sum(caps)))
+        raise FitError(_too_small(m, offers, context, drafter, sum(caps), rows))
     return split_layers(m.n_layers, [float(c) for c in caps])
 
 
-def _too_small(m: ModelSize, offers: list[Offer], context: int, drafter: int, room: int) -> str:
+def _too_small(m: ModelSize, offers: list[Offer], context: int, drafter: int, room: int, rows: int) -> str:
     h = offers[0]
     kind = h.dtype + (f" {h.quant}" if h.quant != "none" else "")
-    need = ring_bytes(m, offers, context, drafter)
+    need = ring_bytes(m, offers, context, drafter, rows)
     offered = sum(o.free for o in offers)
     helps = ["add a member"]
 
     def needs(**change) -> str:
         other = [Offer(o.name, o.free, change.get("dtype", o.dtype), change.get("quant", o.quant)) for o in offers]
-        return size(ring_bytes(m, other, change.get("context", context), drafter))
+        return size(ring_bytes(m, other, change.get("context", context), drafter, change.get("rows", rows)))
 
     if h.quant != "nf4":
         helps.append(f"--quant nf4 (needs {needs(quant='nf4')})")
@@ -181,7 +183,10 @@ def _too_small(m: ModelSize, offers: list[Offer], context: int, drafter: int, ro
         helps.append(f"--dtype bfloat16 (needs {needs(dtype='bfloat16')})")
     if context > 2048:
         helps.append(f"--max-context 2048 (needs {needs(context=2048)})")
-    return (f"needs {size(need)} for {m.n_layers} layers in {kind} at {context} positions of context; "
+    if rows > 1:
+        helps.append(f"--max-conversations 1 (needs {needs(rows=1)})")
+    return (f"needs {size(need)} for {m.n_layers} layers in {kind} at {context} positions of context "
+            f"for {rows} conversation{'s' * (rows > 1)}; "
             f"members offer {size(offered)} (room for {room} layers): " + ", or ".join(helps))
 
 

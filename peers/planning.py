@@ -19,7 +19,7 @@ from .errors import FitError, ModelError, RingError
 from .membership import Member, Roster
 from .pass_gate import PassGate
 from .memory import free_bytes, give_back
-from .plan import QUANT_BYTES, ModelSize, Offer, covers, plan
+from .plan import CONVERSATIONS, QUANT_BYTES, ModelSize, Offer, covers, plan
 from .shard import Shard
 from .tensors import DTYPES
 from .tls import Endpoint as TLSEndpoint
@@ -42,6 +42,7 @@ class Target:
     size: ModelSize  # what the plan weighs (peers/plan.py)
     max_context: int
     graphs: bool = True  # CUDA graphs of the host's short passes
+    conversations: int = CONVERSATIONS  # rows of every member's KV arena (peers/kv.py)
 
 
 class Planner:
@@ -128,7 +129,7 @@ class Planner:
         live = self.roster.live()
         # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
         try:
-            spans = plan(t.size, self.offers(live), t.max_context, self.drafter_bytes)
+            spans = plan(t.size, self.offers(live), t.max_context, self.drafter_bytes, t.conversations)
         except FitError as e:
             if self.left_out:  # say why the ring is smaller than it was
                 raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}") from None
@@ -149,7 +150,8 @@ class Planner:
                                       t.source.identity, m.span.start, m.span.end),
                                   "start": m.span.start,
                                   "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt, "next_tls": pin,
-                                  "host_port": host_port})
+                                  "host_port": host_port, "max_context": t.max_context,
+                                  "conversations": t.conversations})
             except ChannelClosed:
                 m.state = "lost"
         for m in ring:
@@ -160,11 +162,14 @@ class Planner:
             self._leave_out(bad)
             return False
         if self.shard is None or self.shard.span != spans[0]:
+            if self.shard is not None:
+                self.shard.close()
             self.shard = None  # free the old span before loading the new one
             give_back(t.device)
             self.shard = await trio.to_thread.run_sync(
                 lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
-                              device=t.device, graphs=t.graphs))
+                              device=t.device, graphs=t.graphs, context=t.max_context,
+                              conversations=t.conversations))
         if self.first_hop is not None:
             await self.first_hop.aclose()
             self.first_hop = None

@@ -26,8 +26,10 @@ class RingSession:
     best: list[int] | None = None  # last pass: the argmax of each logits row (the target's greedy choices)
 
     def held(self, epoch: int) -> int:
-        """Positions every stage still holds under plan `epoch`; 0 after a re-plan or a failed pass."""
-        return self.ring_len if self.epoch == epoch and self.cache is not None else 0
+        """Positions every stage still holds under plan `epoch`; 0 after a re-plan, a failed pass, or when the
+        host's arena gave this conversation's row to another (peers/kv.py)."""
+        fresh = self.epoch == epoch and self.cache is not None and not self.cache.evicted
+        return self.ring_len if fresh else 0
 
     def restart(self, epoch: int, cache: SessionCache) -> None:
         """Replay from position 0 under plan `epoch`, the host's stage on a fresh cache."""

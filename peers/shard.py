@@ -1,5 +1,5 @@
 """One contiguous range of a model's decoder layers, loaded alone from safetensors and run with
-transformers' own decoder layers and rotary embedding, on a static KV cache of our own (peers/kv.py) whose masks
+transformers' own decoder layers and rotary embedding, on a KV arena of our own (peers/kv.py) whose masks
 are computed on the device, so short passes can replay as CUDA graphs (peers/graphs.py).
 
 The first stage also holds the token embedding; the host's shard also holds the final norm and LM head.
@@ -7,7 +7,6 @@ The first stage also holds the token embedding; the host's shard also holds the 
 from __future__ import annotations
 
 import time
-import weakref
 from functools import partial
 from pathlib import Path
 
@@ -18,16 +17,13 @@ from . import architectures, kv, packed
 from . import quant as quantization
 from .checkpoint import Stored, locations, weight_files
 from .cpu_linear import use_columns
-from .graphs import Graphs, bucket
+from .graphs import Graphs, bucket, pad, shape
 from .memory import release_freed
 from .errors import ModelError
-from .plan import Span
-from .kv import SessionCache
+from .plan import CONVERSATIONS, MAX_CONTEXT, Span, cache_positions
+from .kv import RoomError, SessionCache
 from .reader import read, read_rows
 from .tensors import DTYPES
-
-SPARE_SLOTS = 1  # finished conversations' caches kept with their graphs for the next (memory the plan does not count)
-
 
 def load_config(model_dir: Path):
     """The model's config, refused in one line if sfchat cannot split its architecture."""
@@ -52,10 +48,11 @@ def rollback_cache(config) -> DynamicCache:
 class Shard:
     def __init__(self, model_dir: Path, span: Span, *, embed: bool, head: bool,
                  dtype: str = "float32", quant: str = "none", device: str = "cpu", graphs: bool = True,
-                 padded: bool = False):
+                 padded: bool = False, context: int | None = None, conversations: int = CONVERSATIONS):
         """graphs: capture CUDA graphs of short passes where the device is a GPU. padded: run short passes as
-        the graphs do (padded to their bucket, over the whole cache) even where nothing is captured, which is
-        how a CPU checks that path."""
+        the graphs do (padded to their bucket, over the whole room) even where nothing is captured, which is
+        how a CPU checks that path. context, conversations: the KV arena's rows (peers/kv.py), as planned;
+        context None: the model's own limit, capped at MAX_CONTEXT."""
         self.config = config = load_config(model_dir)
         if config.num_hidden_layers != span.n_layers:
             raise ModelError(f"model has {config.num_hidden_layers} layers, plan says {span.n_layers}")
@@ -85,7 +82,14 @@ class Shard:
         del full, inner
         capture = graphs and self.device.type == "cuda"
         self.graphs = Graphs(self.device, capture) if capture or padded else None
-        self.spare: list[kv.Slot] = []
+        self.context = context or min(getattr(config, "max_position_embeddings", 0) or MAX_CONTEXT, MAX_CONTEXT)
+        self.arena = kv.Arena(span.size, conversations, self.kv_heads, self.head_dim, cache_positions(self.context),
+                              self.dtype, self.device, zeroed=self.graphs is not None)
+
+    def close(self) -> None:
+        """(a re-plan) Its graphs go; the arena goes with the shard."""
+        if self.graphs is not None:
+            self.graphs.close()
 
     def _wanted(self) -> dict[str, tuple[torch.nn.Module, str]]:
         """checkpoint tensor name -> (module, parameter name in that module)"""
@@ -143,85 +147,104 @@ class Shard:
         return [m for m in (self.layers, self.embed, self.norm, self.lm_head) if m is not None]
 
     def new_session(self) -> SessionCache:
-        """A conversation's cache on this shard: a slot with graphs a finished conversation left, or a new one."""
-        slot = self.spare.pop() if self.spare else kv.Slot(self.span.size, self.kv_heads, self.head_dim, self.dtype,
-                                                           self.device)
-        s = SessionCache(slot)
-        weakref.finalize(s, kv.recycle, weakref.ref(self), slot, SPARE_SLOTS)
-        return s
+        """A conversation's cache on this shard: it takes a row of the arena at its first pass."""
+        return SessionCache()
 
     @torch.inference_mode()
-    def forward(self, s: SessionCache, committed: int, x: torch.Tensor,
-                parents: list[int] | None = None) -> torch.Tensor:
-        """Run x (ids [1,T] on the first stage, else hidden [1,T,H]) at positions committed..committed+T-1, on
-        the first `committed` positions the cache holds: setting that length is the ring's only rollback rule.
-        `parents`: the last len(parents) positions are a tree of drafts (peers/tree.py), each at its depth and
-        seeing its ancestors."""
-        if committed > s.length:
-            raise ValueError(f"frame says {committed} positions are committed but this peer holds {s.length}")
-        s.length = committed
-        s.last_used = time.monotonic()
-        x = x.to(self.device) if self.embed is not None else x.to(self.device, self.dtype)
-        t = x.shape[1]
-        b = bucket(t) if self.graphs is not None and not self.graphs.failed else None
-        h = self.graphs.call(self._pass, s.slot, committed, x, parents, b) if b else self._pass(
-            s.slot, committed, x, parents, None)
-        s.length = committed + t
-        return h
-
-    @torch.inference_mode()
-    def forward_many(self, items: list[tuple[SessionCache, int, torch.Tensor, list[int] | None]]) -> list[torch.Tensor]:
-        """Several conversations' passes as one (peers/packed.py): each item is forward's (cache, committed, x,
-        parents); returns each one's hidden states. Eager: the positions of all of them packed in one sequence."""
-        if len(items) == 1:
-            return [self.forward(*items[0])]
-        for s, committed, x, _ in items:
+    def forward(self, passes: list[tuple[SessionCache, int, torch.Tensor, list[int] | None]]) -> list[torch.Tensor]:
+        """One pass of B conversations: each (cache, committed, x, parents) runs x (ids [1,T] on the first stage,
+        else hidden [1,T,H]) at positions committed..committed+T-1 on the first `committed` positions its cache
+        holds: setting that length is the ring's only rollback rule. `parents`: the last len(parents) positions
+        are a tree of drafts (peers/tree.py), each at its depth and seeing its ancestors. Returns each one's
+        hidden states [1, T, H]. Up to 16 conversations of up to 32 positions are padded to a graph's shape
+        (peers/graphs.py) where graphs run; anything else runs eagerly, the positions of all packed in one
+        sequence (peers/packed.py)."""
+        for s, committed, x, _ in passes:
             if committed > s.length:
                 raise ValueError(f"frame says {committed} positions are committed but this peer holds {s.length}")
+        key = shape(len(passes), max(x.shape[1] for _, _, x, _ in passes)) if self.padding else None
+        for s, committed, x, _ in passes:
+            end = committed + (key[1] if key else x.shape[1])
+            if end > self.arena.room:
+                raise RoomError(f"the conversation has outgrown its room: {committed + x.shape[1]:,} positions, "
+                                f"and this member keeps {self.context:,} per conversation (--max-context)")
+        self.arena.place([s for s, _, _, _ in passes])
+        now = time.monotonic()
+        for s, committed, _, _ in passes:
+            s.length, s.last_used = committed, now
+        hs = self._padded(passes, key) if key else self._eager(passes)
+        for s, committed, x, _ in passes:
+            s.length = committed + x.shape[1]
+        return hs
+
+    def fits(self, committed: int, n: int) -> bool:
+        """Whether a pass of n positions after `committed` fits a conversation's room (padded, where it is)."""
+        return committed + ((bucket(n) or n) if self.padding else n) <= self.arena.room
+
+    @property
+    def padding(self) -> bool:
+        return self.graphs is not None and not self.graphs.failed
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.device) if self.embed is not None else x.to(self.device, self.dtype)
+
+    def _eager(self, passes) -> list[torch.Tensor]:
+        """Exactly the passes' positions, over the columns their masks need (no work on columns nobody sees)."""
         bounds, start = [], 0
-        for _, _, x, _ in items:
+        for _, _, x, _ in passes:
             bounds.append((start, start + x.shape[1]))
             start += x.shape[1]
-        x = torch.cat([x.to(self.device) for _, _, x, _ in items], dim=1)
-        if self.embed is None:
-            x = x.to(self.dtype)
-        h = self._step_many(items, x, bounds)
-        for s, committed, x_i, _ in items:
-            s.length, s.last_used = committed + x_i.shape[1], time.monotonic()
+        x = torch.cat([self._input(x) for _, _, x, _ in passes], dim=1)
+        h = self.embed(x) if self.embed is not None else x
+        if self.span.size:
+            rows, indices, views, metas = [], [], [], []
+            for s, committed, x_i, parents in passes:
+                t = x_i.shape[1]
+                rows.append(s.row)
+                indices.append(committed + torch.arange(t, device=self.device))
+                views.append(self._views(committed, t))
+                metas.append(kv.unpack(kv.meta(committed, t, parents, t).to(self.device)[None], t))
+            pos = torch.cat([m[1] for m in metas], dim=1)
+            masks = {kind: packed.Packed([self._mask(*m, v[layer], kind) for m, v in zip(metas, views)], bounds)
+                     for kind, layer in self._kinds().items()}
+            h = self._layers(h, masks, pos, packed.Writer(self.arena, rows, self.span.start, indices, views, bounds))
         return [h[:, a:b] for a, b in bounds]
 
-    def _step_many(self, items, x: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
+    def _padded(self, passes, key: tuple[int, int]) -> list[torch.Tensor]:
+        """The passes padded to B x T rows and positions (what a graph replays) over their rows' whole room."""
+        b, t = key
+        xs = [pad(x, t) for _, _, x, _ in passes]
+        metas = [kv.meta(c, x.shape[1], p, t) for _, c, x, p in passes]
+        rows = [s.row for s, _, _, _ in passes]
+        empty = b - len(passes)  # places no conversation takes: a pass of one position in the scratch row
+        xs += [torch.zeros_like(xs[0])] * empty
+        metas += [kv.meta(0, 1, None, t)] * empty
+        rows += [self.arena.scratch] * empty
+        x = torch.cat(xs)
+        if self.embed is None:
+            x = x.to(self.dtype)
+        h = self.graphs.run(self._step, key, x, torch.stack(metas), torch.tensor(rows))
+        return [h[i : i + 1, : x_i.shape[1]] for i, (_, _, x_i, _) in enumerate(passes)]
+
+    def _step(self, x: torch.Tensor, meta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """(device) The layers over a padded pass, everything computed from x, meta and rows (a graph's inputs)."""
+        t = x.shape[1]
+        committed, pos, sees = kv.unpack(meta, t)
         h = self.embed(x) if self.embed is not None else x
         if not self.span.size:
             return h
-        slots, indices, views, metas = [], [], [], []
-        for s, committed, x_i, parents in items:
-            t = x_i.shape[1]
-            s.slot.reserve(committed + t)
-            slots.append(s.slot)
-            indices.append(committed + torch.arange(t, device=self.device))
-            views.append(self._views(committed, t))
-            metas.append(kv.unpack(kv.meta(committed, t, parents, t).to(self.device), t))
-        pos = torch.cat([m[1] for m in metas], dim=1)
-        masks = {kind: packed.Packed([self._mask(*m, v[layer], kind) for m, v in zip(metas, views)], bounds)
-                 for kind, layer in self._kinds().items()}
+        view = (0, self.arena.room)
+        masks = {kind: self._mask(committed, pos, sees, view, kind) for kind in self._kinds()}
+        columns = committed[:, None] + torch.arange(t, device=self.device)
+        return self._layers(h, masks, pos, kv.Writer(self.arena, self.span.start, rows, columns))
+
+    def _layers(self, h, masks, pos, cache) -> torch.Tensor:
         ropes = self.rotary(h, pos)
-        cache = packed.Writer(slots, self.span.start, indices, views, bounds)
         for i, layer in zip(range(self.span.start, self.span.end), self.layers):
             kind = self.layer_types[i]
             h = layer(h, attention_mask=masks[kind], position_embeddings=ropes[kind], position_ids=pos,
                       cache=cache, use_cache=True)
         return h
-
-    def _pass(self, slot: kv.Slot, committed: int, x: torch.Tensor, parents, b: int | None) -> torch.Tensor:
-        """Padded to bucket b and over the slot's whole capacity (what a graph replays), or, for b None, exactly
-        T positions over the columns the masks need (eager: no work on columns nobody sees)."""
-        t = x.shape[1]
-        slot.reserve(committed + (b or t))
-        meta = kv.meta(committed, t, parents, b or t)  # on the host: a graph copies it into its own buffer
-        if b is not None:
-            return self.graphs.run(self._step, slot, b, x, meta)
-        return self._step(slot, x, meta.to(self.device), self._views(committed, t))
 
     def _views(self, committed: int, t: int) -> dict[int, tuple[int, int]]:
         """Each layer's cache columns in an eager pass: up to the pass's end, from the window's start for a
@@ -229,25 +252,6 @@ class Shard:
         window = self._window("sliding_attention") or 0
         lo = {"full_attention": 0, "sliding_attention": max(0, committed - window + 1)}
         return {i: (lo[self.layer_types[i]], committed + t) for i in range(self.span.start, self.span.end)}
-
-    def _step(self, slot: kv.Slot, x: torch.Tensor, meta: torch.Tensor, views=None) -> torch.Tensor:
-        """The layers over one pass, everything computed on the device from x and meta (peers/kv.py). views:
-        each layer's cache columns; None: the whole capacity, the same shapes every time."""
-        t = x.shape[1]
-        committed, pos, sees = kv.unpack(meta, t)
-        if views is None:
-            views = dict.fromkeys(range(self.span.start, self.span.end), (0, slot.capacity))
-        h = self.embed(x) if self.embed is not None else x
-        if not self.span.size:
-            return h
-        masks = {kind: self._mask(committed, pos, sees, views[layer], kind) for kind, layer in self._kinds().items()}
-        ropes = self.rotary(h, pos)
-        cache = kv.Writer(slot, self.span.start, committed + torch.arange(t, device=self.device), views)
-        for i, layer in zip(range(self.span.start, self.span.end), self.layers):
-            kind = self.layer_types[i]
-            h = layer(h, attention_mask=masks[kind], position_embeddings=ropes[kind], position_ids=pos,
-                      cache=cache, use_cache=True)
-        return h
 
     def _mask(self, committed, pos, sees, view: tuple[int, int], kind: str) -> torch.Tensor:
         mask = kv.visible(committed, pos, sees, *view, self._window(kind))
@@ -267,16 +271,10 @@ class Shard:
         return kinds
 
     @torch.inference_mode()
-    def finish(self, h: torch.Tensor, n_logits: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The final normalised hidden states at every position (what a feature draft reads) and the logits at
-        the last n_logits."""
-        feats = self.norm(h.to(self.device, self.dtype))
-        return feats, self.family.logits(self.config, self.lm_head(feats[..., -n_logits:, :])).float()
-
-    @torch.inference_mode()
-    def finish_many(self, passes: list[tuple[torch.Tensor, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """finish for several conversations' hidden states [T_i, H] at once: the norm and the LM head (the largest
-        matrix of all) run once over the positions of all of them."""
+    def finish(self, passes: list[tuple[torch.Tensor, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each conversation's final normalised hidden states at every position (what a feature draft reads) and
+        its logits at the last n: for (hidden [T, H], n) each; the norm and the LM head (the largest matrix of
+        all) run once over all of them."""
         feats = self.norm(torch.cat([h for h, _ in passes]).to(self.device, self.dtype))
         parts = torch.split(feats, [h.shape[0] for h, _ in passes])
         last = torch.cat([p[-n:] for p, (_, n) in zip(parts, passes)])
@@ -284,4 +282,5 @@ class Shard:
         return list(zip(parts, torch.split(logits, [n for _, n in passes])))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.finish(h, h.shape[-2])[1]
+        """Logits [1, T, vocab] at every position of hidden states [1, T, H]."""
+        return self.finish([(h[0], h.shape[-2])])[0][1][None]

@@ -2,14 +2,17 @@
 
 Stages, in order of what matters, each within what is left of an 8-minute budget (a stage cut short or failed is
 recorded, and the rest run):
-- cuda_tests: the tests marked `cuda` (the ring exact on the GPU, quantized spans, compiled drafts one after
-  another and a /draft switch against the eager draft);
+- cuda_tests: the tests marked `cuda` (the ring exact on the GPU; graph replays equal eager passes for every
+  (B, T) shape; a failed capture warns once; graphs captured, and none new past 600 positions; quantized spans;
+  model drafts on the engine);
 - a model of Qwen2.5-7B's shape with random weights (built on the GPU, nothing downloaded), through `sfchat bench`
   with two local peers: in bfloat16, transformers, ring and ring-spec at simulated acceptances 0.6 and 0.8
   (random weights have no real draft: a simulated one has a known acceptance) at 0, 86 and 175 ms; the ring at 0
   and 86 ms without CUDA graphs, where bench has --no-graphs; the same in NF4 (transformers runs no NF4 here);
+- the 7B shape served to 2 and 4 clients at once (their rounds packed in graphed passes), an answer of 1,000
+  tokens;
 - a model of SmolLM2-135M's shape in float32 drafting itself through the ring (acceptance >= 0.95: the
-  machinery is exact), and its CUDA-graph draft against eager.
+  machinery is exact), and in bfloat16 (the model draft on the engine, in the host's dtype).
 Every bench row carries each member's memory and peak, and its milliseconds per pass at T=1 and T=K+1.
 Each stage prints a JSON line as it ends; the last line printed is one JSON object of them all, with the checks.
 """
@@ -118,14 +121,6 @@ def bench(model: Path, out: Path, cap: float, *, dtype="bfloat16", quant="none",
                                                                  if code != 0 else [])
 
 
-def draft_graphs(model: Path) -> list[dict]:
-    code, out, err = run([sys.executable, "scripts/gpu_draft_bench.py", "--model", str(model), "--tokens", "128"],
-                         60)
-    if code != 0:
-        raise RuntimeError(err[-1500:])
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
 def tok_s(rows, mode: str, rtt: float, draft: str | None = None) -> float | None:
     for r in rows if isinstance(rows, list) else []:
         if r.get("mode") == mode and r.get("rtt_ms") == rtt and r.get("draft") == draft and "error" not in r:
@@ -167,6 +162,10 @@ def main() -> int:
                 stage(result, "7b_bfloat16_ring_no_graphs",
                       lambda: bench(big, work / "nographs.json", 50, modes="ring", rtts="0,86",
                                     extra=["--no-graphs"]))
+            stage(result, "7b_clients_2_4", lambda: bench(big, work / "clients.json", 60, modes="", rtts="0",
+                                                          extra=["--clients", "2,4"]))
+            stage(result, "7b_1000_tokens", lambda: bench(big, work / "long.json", 60, modes="ring", rtts="0",
+                                                          extra=["--max-new-tokens", "1000"]))
             stage(result, "7b_nf4", lambda: bench(big, work / "nf4.json", 110, quant="nf4", modes="ring,ring-spec"))
             shutil.rmtree(big)
         # the draft's speed depends on its shape, not its weights: SmolLM2-135M's shape, nothing downloaded
@@ -176,7 +175,9 @@ def main() -> int:
             stage(result, "self_draft_float32",
                   lambda: bench(small, work / "self.json", 60, dtype="float32", modes="ring-spec", draft=str(small),
                                 rtts="0", peers=1))
-            stage(result, "draft_cuda_graphs_vs_eager", lambda: draft_graphs(small))
+            stage(result, "self_draft_bfloat16",
+                  lambda: bench(small, work / "self16.json", 40, modes="ring-spec", draft=str(small), rtts="0",
+                                peers=1))
     result["checks"] = summary(result)
     result["seconds"] = round(time.monotonic() - START, 1)
     print(json.dumps(result))

@@ -72,7 +72,8 @@ async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[st
     rows = []
     async with shaped_relay(rtt_ms / (args.local_peers + 1)) as relay:
         opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
-                                       relay=relay, graphs=not args.no_graphs), local_peers=args.local_peers)
+                                       relay=relay, graphs=not args.no_graphs, conversations=max(clients)),
+                           local_peers=args.local_peers)
         advance(f"serving at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
         async with open_ring(opts, announce=False) as ring, trio.open_nursery() as nursery:
             conv = Conversations(ring.host, ring.tokenizer, ring.eos, await new_drafter(args.draft, ring),

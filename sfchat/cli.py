@@ -111,7 +111,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument("--insecure-no-key", action="store_true", help="allow serving beyond loopback without --api-key")
     p.add_argument("--max-conversations", type=at_least(1), metavar="N",
-                   help="answers generated at once; more wait in line (default: what the ring's free memory holds)")
+                   help="answers generated at once, each with its room in every member's memory; more wait in line "
+                   "(default: 4)")
     p.add_argument("--keep-alive-s", type=in_range(0.01, 3600), default=10.0, metavar="S",
                    help="a keep-alive comment to a streaming client after S seconds without news (queue, prefill)")
 

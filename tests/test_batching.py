@@ -66,7 +66,7 @@ def test_eight_conversations_in_shared_passes_each_answer_exactly(tiny_qwen2):
     sizes = []
 
     async def main():
-        async with running_ring(tiny_qwen2, 2) as (host, _):
+        async with running_ring(tiny_qwen2, 2, conversations=len(PROMPTS)) as (host, _):
             got = await answer_all(host, PROMPTS, wants, on_round=lambda i, ev: ev.get("event") == "round" and
                                    sizes.append(ev["round"].get("batch", 1)), cancel={5})
             # the host and both local peers compute on this machine's cores: one batch in flight at a time

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from peers.cpu_linear import BIG, ColumnsLinear, use_columns
 from peers.plan import Span
 from peers.shard import Shard
-from tiny import make_model
+from tiny import make_model, one
 
 IN = 64
 OUT = BIG // IN + 1  # just past BIG: a head's shape
@@ -51,7 +51,7 @@ def test_a_cpu_shard_computes_its_head_so_and_gives_the_same_logits(tmp_path):
     shard = Shard(model, Span(0, 2, 2), embed=True, head=True)
     assert type(shard.lm_head) is ColumnsLinear
     ids = torch.arange(5)[None] + 3
-    h = shard.forward(shard.new_session(), 0, ids)
-    _, logits = shard.finish(h[0], 3)
+    h = one(shard, shard.new_session(), 0, ids)
+    _, logits = shard.finish([(h[0], 3)])[0]
     want = F.linear(shard.norm(h[0])[-3:], shard.lm_head.weight)
     torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)

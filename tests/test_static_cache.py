@@ -1,15 +1,18 @@
 """The static KV cache (peers/kv.py) and the padded passes CUDA graphs replay (peers/graphs.py), on the CPU: every
 architecture answers exactly like plain transformers through rollbacks, trees of drafts, a replay on a fresh
 cache and chunked prefill, both eagerly and padded to the graph buckets; a rollback only sets a length."""
+from collections import Counter
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from peers.graphs import bucket
-from peers.plan import GRAPH_BUCKETS, KV_BLOCK
+from peers.plan import GRAPH_BUCKETS, cache_positions
+from peers.kv import RoomError
 from peers.shard import Shard, Span
 from peers.tree import on_chain, verify_greedy
-from tiny import ARCHS, make_model
+from tiny import ARCHS, make_model, one
 
 PROMPT = [5, 17, 42, 99, 7, 3, 120, 64, 11, 250, 33, 8, 19, 140, 77, 2, 91, 60, 45, 23, 200, 13, 9, 31, 4, 55,
           181, 66, 70, 101, 16, 27, 38, 49, 150, 12, 222, 6, 88, 111]
@@ -21,13 +24,13 @@ ROUNDS = [(0, 0), (1, 1), (0, 0), (3, 1), (7, 7), (15, 2), "tree", (20, 0), (2, 
           (1, 0), (8, 3)]
 
 
-def greedy(model_dir, new: int) -> list[int]:
+def greedy(model_dir, new: int, prompt: list[int] = PROMPT) -> list[int]:
     """Plain transformers generate, greedy, not stopping at the end-of-text token."""
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ref.generation_config.eos_token_id = None
     with torch.inference_mode():
-        out = ref.generate(torch.tensor([PROMPT]), max_new_tokens=new, do_sample=False)
-    return out[0, len(PROMPT):].tolist()
+        out = ref.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False)
+    return out[0, len(prompt):].tolist()
 
 
 def chunks(n: int, tail: int) -> list[tuple[int, int]]:
@@ -38,8 +41,8 @@ def chunks(n: int, tail: int) -> list[tuple[int, int]]:
 
 def run_rounds(shard: Shard, want: list[int]) -> tuple[list[int], set[int]]:
     """Generate like the ring does (rollback = the next pass's committed length), drafting from the answer:
-    (the tokens produced, the pass lengths seen)."""
-    s, tokens, held, lengths, i = shard.new_session(), list(PROMPT), 0, set(), 0
+    (the tokens produced, how many passes of each length)."""
+    s, tokens, held, lengths, i = shard.new_session(), list(PROMPT), 0, Counter(), 0
     while len(tokens) < len(PROMPT) + len(want):
         plan = ROUNDS[i % len(ROUNDS)]
         i += 1
@@ -57,8 +60,8 @@ def run_rounds(shard: Shard, want: list[int]) -> tuple[list[int], set[int]]:
         pieces = chunks(len(ids), len(drafts) + 1)
         for a, b in pieces:
             last = b == len(ids)
-            h = shard.forward(s, held + a, torch.tensor([ids[a:b]]), parents if last else None)
-            lengths.add(b - a)
+            h = one(shard, s, held + a, torch.tensor([ids[a:b]]), parents if last else None)
+            lengths[b - a] += 1
         logits = shard.logits(h)[0, -(len(drafts) + 1):]
         path, nxt = verify_greedy(logits.argmax(-1).tolist(), drafts, parents or list(range(-1, len(drafts) - 1)))
         held = len(tokens) + on_chain(path)  # what every stage keeps: the chain's accepted nodes are in place
@@ -71,10 +74,13 @@ def test_every_architecture_is_exact_eagerly_and_padded(arch, tmp_path):
     model = make_model(tmp_path / arch, arch, layers=3, seed=5)
     want = greedy(model, NEW)
     for padded in (False, True):
-        got, lengths = run_rounds(Shard(model, Span(0, 3, 3), embed=True, head=True, padded=padded), want)
+        shard = Shard(model, Span(0, 3, 3), embed=True, head=True, padded=padded)
+        got, lengths = run_rounds(shard, want)
         assert got == want, padded
-    assert any(n > GRAPH_BUCKETS[-1] for n in lengths)  # an eager chunk among the padded passes
-    assert {bucket(n) for n in lengths if bucket(n)} >= {1, 2, 4, 8, 16, 32}
+    assert CHUNK in lengths.elements()  # a 33-position chunk: eager, among the padded passes
+    # what the padded passes were actually padded to: one (1, bucket) per pass of up to 32 positions
+    assert shard.graphs.padded == Counter((1, bucket(n)) for n in lengths.elements() if bucket(n))
+    assert {t for _, t in shard.graphs.padded} == set(GRAPH_BUCKETS)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
@@ -88,22 +94,38 @@ def test_a_pass_padded_to_its_bucket_equals_the_pass_itself(arch, tmp_path):
         outs = []
         for shard in (exact, padded):
             s = shard.new_session()
-            shard.forward(s, 0, prefix)
-            outs.append(shard.forward(s, 20, x))
+            one(shard, s, 0, prefix)
+            outs.append(one(shard, s, 20, x))
         assert outs[1].shape == outs[0].shape == (1, t, exact.hidden_size)
         torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
 
 
-def test_a_rollback_sets_a_length_and_the_buffers_grow_in_blocks(tiny_llama):
-    shard = Shard(tiny_llama, Span(0, 4, 4), embed=True, head=True, padded=True)
+def test_a_rollback_sets_a_length_and_the_arena_never_moves(tiny_llama):
+    shard = Shard(tiny_llama, Span(0, 4, 4), embed=True, head=True, padded=True, context=64)
+    keys = shard.arena.keys
     s = shard.new_session()
-    shard.forward(s, 0, torch.tensor([PROMPT[:10]]))
-    keys = s.slot.keys
-    assert s.slot.capacity == KV_BLOCK and s.length == 10
-    shard.forward(s, 10, torch.tensor([PROMPT[10:15]]))
-    shard.forward(s, 12, torch.tensor([[1, 2]]))  # three positions rolled back: nothing moves
-    assert s.length == 14 and s.slot.keys is keys
+    one(shard, s, 0, torch.tensor([PROMPT[:10]]))
+    assert s.length == 10 and s.row is not None
+    one(shard, s, 10, torch.tensor([PROMPT[10:15]]))
+    one(shard, s, 12, torch.tensor([[1, 2]]))  # three positions rolled back: nothing moves
+    assert s.length == 14
     with pytest.raises(ValueError, match="committed"):
-        shard.forward(s, 15, torch.tensor([[1]]))
-    shard.forward(s, 14, torch.tensor([[7] * (KV_BLOCK - 10)]))  # past the first block: one more
-    assert s.slot.capacity == 2 * KV_BLOCK and torch.equal(s.slot.keys[..., :14, :], keys[..., :14, :])
+        one(shard, s, 15, torch.tensor([[1]]))
+    one(shard, s, 14, torch.tensor([PROMPT[:30]]))  # a long pass: eager, and still in the same arena
+    assert shard.arena.keys is keys and shard.arena.keys.shape[3] == cache_positions(64)
+
+
+def test_a_full_room_refuses_in_one_line_and_a_padded_run_past_256_positions_is_exact(tiny_llama):
+    """A small --max-context: a pass past a conversation's room is refused (its row untouched), and a run
+    of 300 positions, padded as graphs run, answers as transformers does."""
+    shard = Shard(tiny_llama, Span(0, 4, 4), embed=True, head=True, padded=True, context=300,
+                  conversations=2)
+    room = shard.arena.room
+    s = shard.new_session()
+    one(shard, s, 0, torch.tensor([PROMPT]))
+    with pytest.raises(RoomError, match="outgrown its room.*--max-context"):
+        one(shard, s, len(PROMPT), torch.tensor([[7] * (room - len(PROMPT) + 1)]))
+    assert s.length == len(PROMPT) and shard.arena.room == room
+    want = greedy(tiny_llama, 300 - len(PROMPT))
+    got, lengths = run_rounds(shard, want)
+    assert got == want and len(PROMPT) + len(want) > 256

@@ -14,6 +14,7 @@ from peers.sampling import SamplingParams
 from peers.shard import Shard, Span
 from peers.tree import Draft, check_parents, depth_first, on_chain, verify_greedy
 from peers.validate import forward_frame
+from tiny import one
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 # node: 0 1 2 3 4 5 6 (the main chain is 0, 1, 2)
@@ -28,9 +29,9 @@ def test_every_node_gets_the_logits_of_its_own_path(arch, tiny_llama, sliding_qw
     shard = Shard(model_dir, Span(0, n, n), embed=True, head=True)
     s = shard.new_session()
     context = [5, 17, 42, 99, 7, 3, 250, 11, 60, 8]
-    shard.forward(s, 0, torch.tensor([context[:6]]))  # the ring already holds 6; the pass brings 4 more + the tree
+    one(shard, s, 0, torch.tensor([context[:6]]))  # the ring already holds 6; the pass brings 4 more + the tree
     tokens, parents = TREE["tokens"], TREE["parents"]
-    logits = shard.logits(shard.forward(s, 6, torch.tensor([context[6:] + tokens]), parents))[0]
+    logits = shard.logits(one(shard, s, 6, torch.tensor([context[6:] + tokens]), parents))[0]
 
     def plain(ids):
         with torch.no_grad():
@@ -39,7 +40,7 @@ def test_every_node_gets_the_logits_of_its_own_path(arch, tiny_llama, sliding_qw
     for i in range(len(tokens)):
         torch.testing.assert_close(logits[4 + i], plain(context + Draft(tokens, parents).path(i)), atol=1e-4, rtol=1e-4)
     # the target took 11, 12 (on the main chain), then its own token: the next pass keeps them and goes on
-    nxt = shard.logits(shard.forward(s, len(context) + 2, torch.tensor([[77]])))[0, -1]
+    nxt = shard.logits(one(shard, s, len(context) + 2, torch.tensor([[77]])))[0, -1]
     torch.testing.assert_close(nxt, plain(context + [11, 12, 77]), atol=1e-4, rtol=1e-4)
 
 

@@ -93,3 +93,8 @@ def qwen2_shapes(n_layers, hidden, inter, heads, kv_heads, vocab, tied=False):
                    p + "mlp.up_proj.weight": [inter, hidden], p + "mlp.down_proj.weight": [hidden, inter],
                    p + "input_layernorm.weight": [hidden], p + "post_attention_layernorm.weight": [hidden]}
     return shapes
+
+
+def one(shard, s, committed: int, x, parents=None):
+    """A shard's pass of one conversation (a batch of one): its hidden states."""
+    return shard.forward([(s, committed, x, parents)])[0]

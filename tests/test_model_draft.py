@@ -1,0 +1,55 @@
+"""A model draft runs on the ring's pass engine (peers/shard.py): nothing compiled, in the dtype it is given, its
+conversations' forks sharing one set of weights and one arena, each with a row of its own; through rollbacks and
+padded like a graph replays, its drafts are a fresh drafter's."""
+import torch
+
+from peers.drafting import ModelDrafter
+from peers.drafting.model import DraftModel
+from peers.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+CTX = [(7 * i) % 250 + 3 for i in range(12)]
+
+
+def test_forks_share_the_weights_and_each_has_a_row(tiny_llama):
+    d = ModelDrafter(tiny_llama, 300)
+    forks = [d.fork() for _ in range(3)]
+    assert all(f.model is d.model for f in forks)
+    for i, f in enumerate(forks):
+        f.propose(CTX + [i], 3, GREEDY)
+    rows = {f.cache.row for f in forks} | {d.cache.row}
+    assert None not in {f.cache.row for f in forks} and len(rows - {None}) == 3
+
+
+def test_drafts_through_rollbacks_equal_a_fresh_drafters_eager_and_padded(tiny_llama):
+    d = ModelDrafter(tiny_llama, 300)
+    padded = DraftModel(tiny_llama, "cpu", torch.float32, 2)
+    padded.shard = type(padded.shard)(tiny_llama, padded.shard.span, embed=True, head=True, padded=True,
+                                      conversations=2)
+    p = ModelDrafter(None, 300, name="padded", model=padded)
+    for context in (CTX, CTX + [4, 5, 6, 7, 8], CTX + list(range(20, 40)), CTX[:10], CTX[:10] + [9]):
+        want = ModelDrafter(tiny_llama, 300).propose(context, 5, GREEDY)[0]
+        assert d.propose(context, 5, GREEDY)[0] == want
+        assert p.propose(context, 5, GREEDY)[0] == want
+    assert padded.shard.graphs.padded[(1, 1)] > 0  # its one-token steps took the graphs' padded path
+
+
+def test_a_model_draft_compiles_nothing(tiny_llama, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("torch.compile was called")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    d = ModelDrafter(tiny_llama, 300)
+    assert d.propose(CTX, 4, GREEDY)[0]
+
+
+def test_the_draft_runs_in_the_dtype_it_is_given(tiny_llama):
+    from peers.chat import load_tokenizer
+    from peers.drafting import make_drafter
+
+    d = make_drafter(str(tiny_llama), tiny_llama, 300, load_tokenizer(tiny_llama), dtype=torch.bfloat16)
+    shard = d.model.shard
+    params = [p for m in shard.modules() for p in m.parameters()]
+    assert {p.dtype for p in params} == {torch.bfloat16} and shard.arena.keys.dtype == torch.bfloat16
+    weights = sum(p.numel() * 2 for p in {id(p): p for p in params}.values())
+    assert d.bytes == weights + shard.arena.bytes  # its real bytes: weights and arena
