@@ -1,12 +1,12 @@
-"""The ring's host (`sfchat host`): the forward pass around the ring, over the members and plan it keeps.
+"""The ring's host (`sfchat host`): the orchestration of passes around the ring, over the members and plan it keeps.
 
 The host holds the embeddings, the first span, the final norm and the LM head, so logits never cross the
 network. A pass goes host -> member 1 -> ... -> member n -> host over trio TCP streams. Who is in the ring is
-peers/membership.py, which layers each holds is peers/planning.py, and the rollback rule peers/ring_session.py.
+peers/membership.py, which layers each holds is peers/planning.py, the host's own layers and head
+peers/host_stage.py, the replies' way back peers/return_link.py, and the rollback rule peers/ring_session.py.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 import weakref
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import trio
 
-from . import checkpoint, device, links, models, tensors, validate, wire
+from . import checkpoint, device, links, models, validate, wire
 from .batcher import MAX_BATCH, Batcher, Round
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr, peername
@@ -27,11 +27,11 @@ from .options import HostOptions
 from .plan import CONVERSATIONS, ModelSize, chunk_end, chunk_positions
 from .planning import Planner, Target
 from .kv import RoomError
+from .host_stage import HostStage
+from .return_link import ReturnLink
 from .ring_session import RingSession
-from .runtime import RUNTIME
 from .shard import load_config
 from .tensors import DTYPES
-from .threads import call_with_threads
 from .tls import Endpoint as TLSEndpoint
 from .turns import SHARED_CHUNK, Turns
 
@@ -79,12 +79,9 @@ class Host:
                                on_change=self._plan_changed)
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
         self.port = 0
-        # (sid, seq) -> where its reply goes, and the tensor its hidden states land in (None: one of their own)
-        self.waiting: dict[tuple[str, int], tuple[trio.MemorySendChannel, torch.Tensor | None]] = {}
-        self.seq = itertools.count()
-        self.compute = trio.CapacityLimiter(1)
+        self.returns = ReturnLink(self)  # the last member's replies, to the passes waiting for them
+        self.stage = HostStage(self.planner, self.device)  # the host's own layers, and the head
         self.turns = Turns()  # a long pass takes turns with other conversations' passes
-        self.threads = torch.get_num_threads()  # for the shard's compute, whatever a draft's thread has set
         self.auto_replan = False  # `sfchat host`: re-plan as members join
         # conversations' rounds go round together, as many in a pass as every member's arena has rows for
         self.batcher = Batcher(self._run_batch, limit=min(MAX_BATCH, self.conversations), in_flight=self.devices)
@@ -127,7 +124,9 @@ class Host:
                 "layers": str(self.shard.span) if self.shard else "",
                 "state": downloading(fetching) or ("waiting" if problem else "ready"), "error": problem,
                 "download": fetching, "rtt_ms": 0.0,
-                "memory_bytes": now, "peak_memory_bytes": peak, "free_bytes": int(self.planner.host_offer())}
+                "memory_bytes": now, "peak_memory_bytes": peak, "free_bytes": int(self.planner.host_offer()),
+                "graphs": self.shard.graphs.captured if self.shard and self.shard.graphs else 0,
+                "planned_bytes": self.planner.host_planned}
         return [host] + [m.info() for m in self.members]
 
     # --- serving -------------------------------------------------------------------------------------------
@@ -164,7 +163,7 @@ class Host:
             if hello["role"] == "join":
                 await self.roster.admit(ch, hello, stream)
             elif hello["role"] == "data":
-                await self._returns(ch)
+                await self.returns.serve(ch)
             else:
                 await ch.error(f"unknown role {hello['role']!r}")
         except AuthError as e:
@@ -179,16 +178,6 @@ class Host:
             await ch.error(f"internal error: {type(e).__name__}")
         finally:
             await ch.aclose()
-
-    async def _returns(self, ch: Channel) -> None:
-        """The last hop's results come back here; hand each to the pass waiting for it."""
-        while True:
-            msg = await ch.recv(into=self._landing)
-            if msg["t"] not in ("fwd", "fail"):
-                raise wire.WireError(f"unexpected {msg['t']!r} on the return link")
-            waiter = self.waiting.get((msg.get("sid"), msg.get("seq")))
-            if waiter is not None:
-                waiter[0].send_nowait(msg)
 
     # --- one pass ------------------------------------------------------------------------------------------
 
@@ -297,7 +286,7 @@ class Host:
             return
         t1 = time.perf_counter()
         done = [(r, p, h) for r, p, h in zip(kept, parts, hs) if h is not None]
-        outs = await self._finish([(h[0], p.n_logits) for _, p, h in done])
+        outs = await self.stage.head([(h[0], p.n_logits) for _, p, h in done])
         head_ms, total_ms = (time.perf_counter() - t1) * 1e3, (time.perf_counter() - t0) * 1e3
         peers_ms = sum(ms for _, ms in trace)
         timing = {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms, "batch": len(parts),
@@ -354,7 +343,7 @@ class Host:
                 self.turns.went(s.sid)
             a = b
         t1 = time.perf_counter()
-        ((feats, logits, s.best),) = await self._finish([(h[0], n_logits)])
+        ((feats, logits, s.best),) = await self.stage.head([(h[0], n_logits)])
         s.features = (committed, ids, feats)  # what a feature draft reads next
         self.turns.went(s.sid)
         head_ms = (time.perf_counter() - t1) * 1e3
@@ -371,9 +360,7 @@ class Host:
         t0 = time.perf_counter()
         passes = [(p.s.cache, p.committed, torch.tensor([p.ids], dtype=torch.long), p.parents) for p in parts]
         try:
-            hs, (header, raw) = await trio.to_thread.run_sync(call_with_threads, self.threads, RUNTIME.call,
-                                                              self.device, self._first_stage, passes, bool(self.ring),
-                                                              limiter=self.compute)
+            hs, (header, raw) = await self.stage.first(passes, bool(self.ring))
         except RoomError as e:
             raise RingError(str(e)) from None
         host_ms = (time.perf_counter() - t0) * 1e3
@@ -381,9 +368,9 @@ class Host:
             return hs, host_ms, [], {}
         segments = [{"sid": p.s.sid, "committed": p.committed, "n": len(p.ids), "n_logits": p.n_logits,
                      **({"parents": p.parents} if p.parents is not None else {})} for p in parts]
-        reply = await self._round_trip({"t": "fwd", "epoch": self.epoch, "sid": "", "committed": 0, "n_logits": 1,
-                                        "batch": segments, "x": header, "raw": raw, "trace": []},
-                                       sum(len(p.ids) for p in parts), [p.sent for p in parts], place)
+        frame = {"t": "fwd", "epoch": self.epoch, "sid": "", "committed": 0, "n_logits": 1, "batch": segments,
+                 "x": header, "raw": raw, "trace": []}
+        reply = await self.returns.round_trip(frame, sum(len(p.ids) for p in parts), [p.sent for p in parts], place)
         try:
             h = validate.forward_frame(reply, self.config.hidden_size)
             back = validate.segments(reply, h.shape[1])
@@ -392,28 +379,6 @@ class Host:
         at = {seg["sid"]: h[:, a:b] for seg, (a, b) in zip(back, validate.bounds(back))}
         return [at.get(p.s.sid) for p in parts], host_ms, reply["trace"], dict(reply.get("failed") or {})
 
-    async def _round_trip(self, frame: dict, n_positions: int, sent: list, place: torch.Tensor | None = None) -> dict:
-        """Send a pass to the first member and wait for the last one's reply (RingError if the ring fails it); the
-        reply's hidden states land in `place` if they fit it."""
-        seq = frame["seq"] = next(self.seq)
-        send, recv = trio.open_memory_channel(1)
-        self.waiting[(frame["sid"], seq)] = (send, place)
-        try:
-            await self.first_hop.send(frame)
-            for event in sent:
-                if event is not None:
-                    event.set()  # the host's part is done: the round is on the wire
-            reply = await self._await_reply(recv, self.pass_timeout(n_positions))
-        except (ChannelClosed, trio.TooSlowError) as e:
-            raise RingError(f"the ring did not answer: {e}") from None
-        finally:
-            del self.waiting[(frame["sid"], seq)]
-        if reply["t"] == "fail":
-            if reply.get("oom"):
-                self.roster.out_of_memory(reply.get("member"), str(reply.get("error")))
-            raise RingError(str(reply.get("error")))
-        return reply
-
     def _pass_buffer(self, n: int) -> torch.Tensor:
         """The hidden states [1, n, hidden] of a pass that goes round in chunks: on the host's device when it is
         alone, else on the CPU (pinned for a GPU) where the last hop's bytes land."""
@@ -421,49 +386,6 @@ class Host:
         if not self.ring:
             return torch.empty(1, n, self.config.hidden_size, dtype=dtype, device=self.device)
         return torch.empty(1, n, self.config.hidden_size, dtype=dtype, pin_memory=device.pinned(self.device))
-
-    def _landing(self, msg: dict, n: int) -> memoryview:
-        """Where the last hop's hidden states land, once checked: in the place their pass keeps for them, if they
-        fit it; else a buffer of their own (pinned if they go on to a GPU)."""
-        place = self.waiting.get((msg.get("sid"), msg.get("seq")), (None, None))[1]
-        return validate.landing(msg, n, self.config.hidden_size, device.pinned(self.device), place)
-
-    def _first_stage(self, passes: list, pack: bool):
-        """(device runtime) The host's layers over the pass and the frame's copy of them on the CPU, finished on
-        the device (one event) before they are timed: trio's thread never waits for the device."""
-        hs = self.shard.forward(passes)
-        out = tensors.host_bytes(torch.cat(hs, dim=1)) if pack else (None, None)
-        device.finish(self.device)
-        return hs, out
-
-    async def _finish(self, passes: list[tuple[torch.Tensor, int]]) -> list:
-        return await trio.to_thread.run_sync(call_with_threads, self.threads, RUNTIME.call, self.device,
-                                             self._head, passes, limiter=self.compute)
-
-    def _head(self, passes: list) -> list:
-        """(device runtime) Features, logits and each logits row's argmax (the target's greedy choice, taken where
-        the logits are: only those ids come to the CPU) of each conversation's pass, the head run once over all
-        of them, finished on the device before the pass's time is taken."""
-        outs = self.shard.finish([(h.to(self.device, non_blocking=True), n) for h, n in passes])
-        best = [logits.argmax(-1) for _, logits in outs]
-        if self.shard.device.type != "cpu":
-            best = [torch.empty(b.shape, dtype=b.dtype, pin_memory=True).copy_(b, non_blocking=True) for b in best]
-        device.finish(self.device)
-        return [(feats, logits, b.tolist()) for (feats, logits), b in zip(outs, best)]
-
-    async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:
-        """The pass's result, or RingError as soon as a ring member is declared lost."""
-        deadline = trio.current_time() + timeout
-        while trio.current_time() < deadline:
-            with trio.move_on_after(0.1):
-                return await recv.receive()
-            lost = [m for m in self.ring if m.state == "lost"]
-            if lost:
-                raise RingError(f"member {lost[0].id} ({lost[0].name}) was lost: {lost[0].error}")
-        raise trio.TooSlowError
-
-    def pass_timeout(self, n_tokens: int) -> float:
-        return 60.0 + n_tokens * 0.5
 
     async def drop(self, s: RingSession) -> None:
         self.batcher.forget(s.sid)

@@ -46,6 +46,9 @@ class Member:
     tls_fingerprint: str = ""
     compute: str = ""  # what computes its layers (peers/device.py: compute_id); shared with others on one device
     sessions: int = 0  # conversations whose caches it holds (as of its last pong)
+    frames: int = 0  # passes it has computed (as of its last pong)
+    graphs: int = 0  # CUDA graphs it has captured for its span (as of its last pong)
+    planned_bytes: int = 0  # what the plan counts for its span
     download: dict | None = None  # while it fetches its layers' files: {"file", "done", "total"} in bytes
     rss_before: int = 0  # before it loaded its span: rss - rss_before is what the span costs
     last_seen: float = field(default_factory=time.monotonic)
@@ -61,7 +64,7 @@ class Member:
                 "state": downloading(self.download) or self.state, "download": self.download,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
                 "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes,
-                "conversations": self.sessions}
+                "conversations": self.sessions, "graphs": self.graphs, "planned_bytes": self.planned_bytes}
 
     def reported(self, msg: dict) -> None:
         """Take the memory figures a pong or ready carries."""
@@ -201,6 +204,8 @@ def _pong(m: Member, msg: dict) -> None:
     if isinstance(msg.get("n"), float):  # our own perf_counter from the ping
         m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
         m.sessions = int(msg.get("sessions") or 0)
+        m.frames = int(msg.get("frames") or 0)
+        m.graphs = int(msg.get("graphs") or 0)
         m.reported(msg)
 
 

@@ -2,8 +2,8 @@
 
 A decoder layer's matrices (q/k/v/o and the MLP) treat every position alike, so they run once over the packed
 sequence and read the weights once for all conversations: on a decode pass that reading is most of the cost.
-Only attention must keep conversations apart. Each one's keys and values go to its own row of the arena (peers/kv.py), and
-each one's queries attend to its own row under its own mask. The layers pass what the cache returns and the
+Only attention must keep conversations apart. Each one's keys and values go to its own row of the arena
+(peers/kv.py), and each one's queries attend to its own row under its own mask. The layers pass what the cache returns and the
 mask they are given straight to the attention function, so a `Packed` list travels through them untouched, and
 `attention` below, registered with transformers, splits the queries by segment and calls the family's own
 attention on each. A draft's conversations keep transformers' own caches: `Caches` hands each its segment.

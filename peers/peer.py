@@ -1,35 +1,31 @@
-"""A ring member (`sfchat join`): holds a layer span, passes hidden states on to the next hop.
-
-Control link to the host: offer -> assign -> ready, pings, session drops.
-Data link from the previous hop: fwd frames in, computed fwd frames out to the next hop.
+"""A ring member (`sfchat join`): its control plane. Over the control link to the host: join and offer, then
+assign -> load the span -> ready, pings, session drops. Its passes (fwd frames from the previous hop, computed
+frames to the next) are the data plane, peers/passes.py.
 """
 from __future__ import annotations
 
 import logging
-from collections import deque
 from functools import partial
 import time
 from dataclasses import dataclass, field
 
-import torch
 import trio
 
-from . import device, hub, links, models, tensors, validate, wire
-from .auth import AuthError, client_handshake, server_handshake
+from . import device, hub, links, models, validate, wire
+from .auth import AuthError, client_handshake
 from .channel import Channel, ChannelClosed
 from .control import ControlLink
 from .errors import CannotServe, ModelError
 from .memory import (default_device, free_bytes, give_back, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes,
                      usage)
 from .options import PeerOptions
+from .passes import DataPlane
 from .plan import CONVERSATIONS, Span
-from .runtime import RUNTIME
 from .shard import Shard
 from .tls import Endpoint as TLSEndpoint
 from .fingerprint import config_fingerprint
 
 log = logging.getLogger("sfchat.peer")
-SESSION_IDLE_S = 600.0
 HOST_SILENT_S = 15.0  # no ping from the host for this long: it is gone
 
 
@@ -63,12 +59,7 @@ class Peer:
         self.shard: Shard | None = None
         self.shard_dir = None
         self.epoch = -1
-        self.sessions: dict[str, object] = {}
-        # conversations the host ended: a frame of theirs still on its way (the drop on the control link overtook
-        # it) must not bring their caches back
-        self.dropped: deque[str] = deque(maxlen=256)
-        self.next: Channel | None = None
-        self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
+        self.data = DataPlane(self)  # the passes (peers/passes.py)
         self.assign_lock = trio.Lock()
         self.st = PeerState(device=self.device, host=opts.address)
         self.base_bytes = 0  # what it used just before it loaded its span
@@ -84,7 +75,7 @@ class Peer:
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            got = await nursery.start(partial(links.serve, self._serve_data, self.listen, self.relay,
+            got = await nursery.start(partial(links.serve, self.data.serve, self.listen, self.relay,
                                               links.member_endpoint(self.host_addr, self.name), default_host="0.0.0.0"))
             my_port, self.advertise = got.port, self.advertise or got.relay_address or None
             stream = await TLSEndpoint.dial(await links.dial(self.host_addr), self.tls_pin)
@@ -110,15 +101,16 @@ class Peer:
 
     async def _control(self, ctl: Channel, nursery) -> None:
         async def ping(msg: dict) -> None:
-            await ctl.send({"t": "pong", "n": msg.get("n"), "sessions": len(self.sessions), **self._memory()})
+            await ctl.send({"t": "pong", "n": msg.get("n"), "sessions": len(self.data.sessions),
+                            "frames": self.st.frames, "graphs": self.shard.graphs.captured if self.shard and
+                            self.shard.graphs else 0, **self._memory()})
 
         async def assign(msg: dict) -> None:  # loading takes a while: keep answering pings meanwhile
             nursery.start_soon(self._take_assignment, ctl, msg)
 
         async def drop(msg: dict) -> None:
-            self.sessions.pop(str(msg.get("sid")), None)
-            self.dropped.append(str(msg.get("sid")))
-            self._changed(sessions=len(self.sessions))
+            self.data.drop(str(msg.get("sid")))
+            self._changed(sessions=len(self.data.sessions))
 
         try:
             await ControlLink(ctl, "member").follow({"ping": ping, "assign": assign, "drop": drop})
@@ -179,15 +171,15 @@ class Peer:
                 raise CannotServe(str(e)) from None
             log.exception("loading layers %s failed", span)
             raise CannotServe(f"cannot load layers {span} of {spec}: {type(e).__name__}: {e}") from None
-        self.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
-        if self.next is not None:
-            await self.next.aclose()
+        self.data.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
+        if self.data.next is not None:
+            await self.data.next.aclose()
         nxt = validate.need(msg, "next", str)
         if nxt == "@host":  # the last member returns to the host at the address it reached it by
             nxt = links.host_return(self.host_addr, validate.need(msg, 'host_port', int, 1))
         stream = await TLSEndpoint.dial(await links.dial(nxt), msg.get("next_tls") or None)
-        self.next = Channel(stream, f"next {nxt}")
-        await client_handshake(self.next, self.token, "data")
+        self.data.next = Channel(stream, f"next {nxt}")
+        await client_handshake(self.data.next, self.token, "data")
         self.epoch = epoch
         self._changed(state="ready", next_hop=nxt, sessions=0)
 
@@ -214,7 +206,7 @@ class Peer:
             if shard is not None:
                 shard.close()
             self.shard = shard = None  # free the old span (and the caches of its layers) before loading the new one
-            self.sessions.clear()
+            self.data.sessions.clear()
             give_back(self.device)
             self.base_bytes = usage(self.device)[0]
             t0 = time.monotonic()
@@ -248,113 +240,3 @@ class Peer:
             log.info("fetched the files of layers %s (%.1f MB)", span, progress.total / 2**20)
             await ctl.send({"t": "progress", "active": False})
         self._changed(state="loading")
-
-    async def _serve_data(self, stream: trio.SocketStream) -> None:
-        try:
-            stream = await self.tls.accept(stream)
-        except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
-            log.warning("TLS handshake on a data link failed: %s", e)
-            return
-        ch = Channel(stream, "prev hop", read_timeout=3600)
-        try:
-            await server_handshake(ch, self.token)
-            while True:
-                msg = await ch.recv(into=self._landing)
-                if msg["t"] == "fail":  # an upstream failure travels on to the host
-                    await self._send_next(msg)
-                    continue
-                if msg["t"] != "fwd":
-                    raise wire.WireError(f"unexpected {msg['t']!r} on a data link")
-                await self._forward(msg)
-        except (AuthError, ChannelClosed) as e:
-            log.info("data link closed: %s", e)
-        except wire.WireError as e:
-            log.warning("bad frame from the previous hop: %s", e)
-            await ch.error(str(e))
-        except Exception as e:  # one bad link must never take the peer down
-            log.exception("data link failed")
-            await ch.error(f"internal error: {type(e).__name__}")
-        finally:
-            await ch.aclose()
-
-    async def _forward(self, msg: dict) -> None:
-        """One pass: of one conversation, or of several ("batch", each with its own session and rollback). A
-        conversation this member cannot continue (it lacks the positions the frame says are committed) is left
-        out and named in "failed"; the others go on."""
-        shard = self.shard
-        if shard is None:
-            return await self._fail(msg, f"{self.name} holds no layers yet")
-        x = validate.forward_frame(msg, shard.hidden_size)  # schema first: a bad frame closes the link
-        many = "batch" in msg  # (a frame without one is a batch of one, its own fields its segment's)
-        segs = validate.segments(msg, x.shape[1]) if many else [
-            {"sid": msg["sid"], "committed": msg["committed"], "n": x.shape[1],
-             **({"parents": msg["parents"]} if "parents" in msg else {})}]
-        if msg["epoch"] != self.epoch:  # a frame of an older plan: the host will replay
-            return await self._fail(msg, f"{self.name} is not on plan {msg['epoch']} but {self.epoch}")
-        passes, kept, failed = [], [], dict(msg.get("failed") or {})
-        for seg, (a, b) in zip(segs, validate.bounds(segs)):
-            sid = seg["sid"]
-            if sid in self.dropped:  # ended: its caches stay gone
-                continue
-            s = self.sessions.get(sid) or self.sessions.setdefault(sid, shard.new_session())
-            if seg["committed"] > s.length:  # it lost its caches here (a new plan, say): the host will replay
-                self.sessions.pop(sid, None)
-                failed[sid] = (f"{self.name}: frame says {seg['committed']} positions are committed but this peer "
-                               f"holds {s.length}")
-                continue
-            passes.append((s, seg["committed"], x[:, a:b], seg.get("parents")))
-            kept.append(seg)
-        if not passes:
-            return await self._fail(msg, "; ".join(failed.values())) if failed else None
-        try:
-            (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(RUNTIME.call, shard.device, self._compute,
-                                                                       shard, passes, limiter=self.compute)
-        except ValueError as e:
-            for seg in kept:
-                self.sessions.pop(seg["sid"], None)
-            return await self._fail(msg, f"{self.name}: {e}")
-        except RuntimeError as e:  # out of memory (torch.OutOfMemoryError is one): named, and the host re-plans
-            if not is_oom(e):
-                raise
-            for seg in kept:
-                self.sessions.pop(seg["sid"], None)
-            return await self._fail(msg, oom_line(f"member {self.member_id} ({self.name})", self.device,
-                                                  f"in a pass of {x.shape[1]} positions"), oom=True)
-        if many:
-            msg["batch"], msg["failed"] = kept, failed
-        msg["trace"].append([self.name, round(ms, 3)])
-        await self._send_next(msg)
-        self._gc_sessions()
-        self._changed(frames=self.st.frames + 1, sessions=len(self.sessions),
-                      compute_ms=(self.st.compute_ms + [ms])[-120:])
-
-    def _landing(self, msg: dict, n: int) -> memoryview:
-        """Where a frame's hidden states land: checked first, then pinned if they go on to a GPU."""
-        shard = self.shard
-        return validate.landing(msg, n, shard.hidden_size if shard else None, device.pinned(self.device))
-
-    def _compute(self, shard: Shard, passes: list) -> tuple[tuple[dict, memoryview], float]:
-        """(device runtime) This span's layers over the frame's passes and their copy back to the CPU for the wire,
-        finished on the device (one event) before they are timed: trio's thread never waits for the device."""
-        t0 = time.perf_counter()
-        injected_failure(self.name, "pass", self.device)
-        hs = shard.forward(passes)
-        out = tensors.host_bytes(torch.cat(hs, dim=1) if len(hs) > 1 else hs[0])
-        device.finish(shard.device)
-        ms = (time.perf_counter() - t0) * 1e3
-        return out, ms
-
-    async def _fail(self, msg: dict, error: str, oom: bool = False) -> None:
-        log.warning("%s", error)
-        await self._send_next({"t": "fail", "epoch": msg.get("epoch"), "sid": msg.get("sid"), "seq": msg.get("seq"),
-                               "error": error, **({"oom": True, "member": self.member_id} if oom else {})})
-
-    async def _send_next(self, msg: dict) -> None:
-        if self.next is None:
-            raise ChannelClosed("no next hop yet")
-        await self.next.send(msg)
-
-    def _gc_sessions(self) -> None:
-        now = time.monotonic()
-        for sid in [k for k, s in self.sessions.items() if now - s.last_used > SESSION_IDLE_S]:
-            del self.sessions[sid]

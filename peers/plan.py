@@ -132,6 +132,11 @@ def layer_bytes(m: ModelSize, o: Offer, context: int, rows: int = 1) -> int:
     return weight_bytes(m, o.dtype, o.quant) + rows * kv_bytes(m, o.dtype, cache_positions(context))
 
 
+def planned_bytes(m: ModelSize, o: Offer, span: Span, context: int, rows: int) -> int:
+    """What the plan counts for a member's span: its layers, their KV arena, and a pass's working set."""
+    return span.size * layer_bytes(m, o, context, rows) + pass_bytes(m, o.dtype, context) if span.size else 0
+
+
 def host_bytes(m: ModelSize, dtype: str, drafter: int = 0) -> int:
     return m.host_weights * DTYPE_BYTES[dtype] + drafter
 

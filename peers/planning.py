@@ -19,7 +19,7 @@ from .errors import FitError, ModelError, RingError
 from .membership import Member, Roster
 from .pass_gate import PassGate
 from .memory import free_bytes, give_back
-from .plan import CONVERSATIONS, QUANT_BYTES, ModelSize, Offer, covers, plan
+from .plan import CONVERSATIONS, QUANT_BYTES, ModelSize, Offer, covers, host_bytes, plan, planned_bytes
 from .shard import Shard
 from .tensors import DTYPES
 from .tls import Endpoint as TLSEndpoint
@@ -58,6 +58,7 @@ class Planner:
         self.first_hop: Channel | None = None
         self.gate = PassGate()  # passes share the ring, a re-plan waits for them and has it alone
         self.drafter_bytes = 0  # what a drafter built before the plan holds on the host
+        self.host_planned = 0  # what the plan counts for the host's own part
         self.download = hub.Progress()  # the host's own fetch, for its row in the ring panel
         self.bars = True  # download bars on the terminal (not under a screen that shows the ring)
         self.left_out: list[str] = []  # why members were left out since the last plan that held, for a FitError
@@ -137,8 +138,12 @@ class Planner:
         await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
         self.planned = epoch = max(self.planned, self.epoch) + 1  # a new number each try: no late "ready" counts
         ring = [m for m, s in zip(live, spans[1:]) if s.size]
-        for m, s in zip(live, spans[1:]):
+        offers = self.offers(live)
+        planned = [planned_bytes(t.size, o, s, t.max_context, t.conversations) for o, s in zip(offers, spans)]
+        self.host_planned = planned[0] + host_bytes(t.size, t.dtype, self.drafter_bytes)
+        for m, s, b in zip(live, spans[1:], planned[1:]):
             m.assign(s, epoch)
+            m.planned_bytes = b
         self.on_change()
         for i, m in enumerate(ring):
             nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"

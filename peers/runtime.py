@@ -9,6 +9,7 @@ call on the caller's thread.
 """
 from __future__ import annotations
 
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -79,6 +80,22 @@ class Runtime:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             with self.capture_lock:
                 torch.cuda.empty_cache()
+
+
+class Pinned:
+    """A pinned host buffer that one direction of a hop reuses pass after pass (grown as needed, never shrunk):
+    the copy to or from the GPU runs without blocking, and no pass pays for pinning new memory. Its user must be
+    done with one pass's bytes (copied to the device, or sent) before the next pass asks for a view."""
+
+    def __init__(self):
+        self.buf: torch.Tensor | None = None
+
+    def view(self, dtype: torch.dtype, shape) -> torch.Tensor:
+        n = math.prod(shape) * dtype.itemsize
+        if self.buf is None or self.buf.numel() < n:
+            self.buf = torch.empty(max(n, 2 * (self.buf.numel() if self.buf is not None else 0)), dtype=torch.uint8,
+                                   pin_memory=True)
+        return self.buf[:n].view(dtype).view(shape)
 
 
 RUNTIME = Runtime()

@@ -15,16 +15,18 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}  # dtype names, on the wire and 
 MAX_ELEMENTS = 1 << 28
 
 
-def host_bytes(t: torch.Tensor, wire_dtype: torch.dtype | None = None) -> tuple[dict, memoryview]:
-    """(header, raw bytes) of t on the CPU. A GPU tensor is copied into pinned memory without waiting: the caller
-    waits for its device (device.finish) before the bytes are read."""
+def host_bytes(t: torch.Tensor, wire_dtype: torch.dtype | None = None, pinned=None) -> tuple[dict, memoryview]:
+    """(header, raw bytes) of t on the CPU. A GPU tensor is copied into pinned memory without waiting (`pinned`'s,
+    a peers/runtime.Pinned, if given): the caller waits for its device (device.finish) before the bytes are read."""
     t = t.detach()
     if wire_dtype is not None and t.dtype != wire_dtype:
         t = t.to(wire_dtype)
     if t.device.type == "cpu":
         t = t.contiguous()
     else:
-        t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+        out = pinned.view(t.dtype, t.shape) if pinned is not None else torch.empty(t.shape, dtype=t.dtype,
+                                                                                    pin_memory=True)
+        t = out.copy_(t, non_blocking=True)
     return {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape)}, byte_view(t)
 
 

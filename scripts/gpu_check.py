@@ -38,7 +38,7 @@ SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=3
                     rms_norm_eps=1e-5, tie_word_embeddings=True)
 SIMULATED = "simulated:0.6,0.8"
 KEEP = ("mode", "rtt_ms", "draft", "error", "tokens_per_second", "tokens_per_round", "acceptance",
-        "compute_ms_per_round", "members", "pass_ms")
+        "compute_ms_per_round", "members", "pass_ms", "round_ms_all", "clients", "aggregate_tokens_per_second")
 
 
 def left(cap: float) -> float:
@@ -134,8 +134,24 @@ def summary(result: dict) -> dict:
     bf16 = result.get("7b_bfloat16", [])
     spec, ring = tok_s(bf16, "ring-spec", 86.0, "simulated acceptance 0.8"), tok_s(bf16, "ring", 86.0)
     self_draft = [r for r in result.get("self_draft_float32", []) if isinstance(r, dict) and r.get("acceptance")]
+    graphed = [r for r in bf16 + result.get("7b_clients_2_4", []) if isinstance(r, dict) and r.get("members")]
+    members = [m for r in graphed for m in r["members"]]
     return {"spec_0.8_over_ring_at_86ms_bf16": round(spec / ring, 2) if spec and ring else None,
-            "self_draft_acceptance": self_draft[0]["acceptance"] if self_draft else None}
+            "self_draft_acceptance": self_draft[0]["acceptance"] if self_draft else None,
+            # every member of every graphed ring captured graphs, and none used more than its plan counts
+            "graphs_on_every_member": bool(members) and all(m.get("graphs", 0) > 0 for m in members),
+            "peak_over_planned": {m["name"]: round(m["peak_memory_bytes"] / m["planned_bytes"], 2)
+                                  for m in members if m.get("planned_bytes")},
+            "round_ms_1000_tokens": pass_times(result.get("7b_1000_tokens", []))}
+
+
+def pass_times(rows) -> dict | None:
+    """The median and p99 of a long answer's round times (the p99 within 1.5x the median: no re-captures)."""
+    ms = sorted(t for r in rows if isinstance(r, dict) for t in r.get("round_ms_all") or [])
+    if not ms:
+        return None
+    med, p99 = ms[len(ms) // 2], ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+    return {"rounds": len(ms), "median": round(med, 2), "p99": round(p99, 2), "p99_over_median": round(p99 / med, 2)}
 
 
 def main() -> int:
@@ -181,7 +197,9 @@ def main() -> int:
     result["checks"] = summary(result)
     result["seconds"] = round(time.monotonic() - START, 1)
     print(json.dumps(result))
-    return 0 if result["cuda_tests"].get("ok") else 1
+    checks = result["checks"]
+    ok = result["cuda_tests"].get("ok") and checks["graphs_on_every_member"] is not False
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ class Row:
     draft: str | None = None  # what drafted (ring-spec, transformers-assisted)
     error: str | None = None  # why the mode failed: the row says so, the others still print
     passes: dict = field(default_factory=dict)  # member -> positions a pass carried (T) -> [ms of each pass]
+    round_ms: list = field(default_factory=list)  # each measured round's milliseconds, draft to commit
 
     def to_dict(self) -> dict:
         head = {"mode": self.mode, "rtt_ms": self.rtt_ms, **({"draft": self.draft} if self.draft else {})}
@@ -101,7 +102,8 @@ class Row:
             "fraction_of_ceiling": round(tps / ceiling, 4) if ceiling else None,
             "tokens": total.tokens, "rounds": total.rounds, "runs": len(self.runs),
             **({"members": self.members} if self.members else {}),
-            **({"pass_ms": pass_ms(self.passes)} if self.passes else {})}
+            **({"pass_ms": pass_ms(self.passes)} if self.passes else {}),
+            **({"round_ms_all": [round(ms, 2) for ms in self.round_ms]} if self.round_ms else {})}
 
 
 def pass_ms(passes: dict) -> dict:
@@ -380,6 +382,7 @@ async def ring_row(args, ring, mode: str, spec: str | None, rtt_ms: float, promp
             if sample is not None:
                 sample.add(ring_sample(result.rounds, len(result.token_ids), seconds))
                 count_passes(row.passes, result.rounds)
+                row.round_ms += [r["round_ms"] for r in result.rounds if "round_ms" in r]
 
         advance(f"{mode} at {rtt_ms:g} ms: warm-up")
         await one(prompts[0], 8, None)
@@ -389,7 +392,8 @@ async def ring_row(args, ring, mode: str, spec: str | None, rtt_ms: float, promp
                 await one(prompt, args.max_new_tokens, sample)
                 advance(f"{mode} at {rtt_ms:g} ms: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
             row.runs.append(sample)
-        row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes")}
+        row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes", "graphs",
+                                          "planned_bytes")}
                        for m in ring.host.members_info() if m["state"] != "lost"]
     except Exception as e:  # noqa: BLE001 - one mode's failure must not lose the others' figures
         row.error = one_line(e)

@@ -82,6 +82,7 @@ async def new_drafter(spec: str | None, ring: Ring, say=say):
     hub_id = host.source.hub.repo_id if host.source.hub is not None else None
     drafter = await trio.to_thread.run_sync(lambda: make_drafter(
         spec, host.model_dir, host.config.vocab_size, ring.tokenizer, device=host.device, say=say,
-        dtype=DTYPES[host.dtype], hub_id=hub_id, room=free_bytes(host.device)))
+        dtype=DTYPES[host.dtype], hub_id=hub_id, room=free_bytes(host.device),
+        embedding=host.shard.embed.weight if host.shard is not None else None))
     host.planner.drafter_bytes = getattr(drafter, "bytes", 0)
     return drafter

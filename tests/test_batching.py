@@ -71,6 +71,11 @@ def test_eight_conversations_in_shared_passes_each_answer_exactly(tiny_qwen2):
                                    sizes.append(ev["round"].get("batch", 1)), cancel={5})
             # the host and both local peers compute on this machine's cores: one batch in flight at a time
             assert {m.compute for m in host.ring} == {compute_id(host.device)} and host.devices() == 1
+            await trio.sleep(2.5)  # a pong from each member since its last frame
+            # what the members computed, not how the host grouped: every frame the host sent went through each
+            # member once, and they were fewer than the conversations' rounds (rounds shared frames)
+            assert [m.frames for m in host.ring] == [host.returns.sent] * 2
+            assert host.returns.sent < len(sizes)
             return got, host.batcher.batches, host.batcher.rounds
 
     got, batches, rounds = trio.run(main)

@@ -57,6 +57,45 @@ def together(base, calls):
     return results
 
 
+def counting(base, monkeypatch) -> dict:
+    """How many packed forwards and single ones (a conversation's step alone) the draft runs."""
+    n = {"packed": 0, "alone": 0}
+    many, single = base.together.forward_many, FeatureDrafter._run
+
+    def packed(steps):
+        n["packed"] += 1
+        return many(steps)
+
+    def alone(self, step):
+        n["alone"] += 1
+        return single(self, step)
+
+    monkeypatch.setattr(base.together, "forward_many", packed)
+    monkeypatch.setattr(FeatureDrafter, "_run", alone)
+    return n
+
+
+def test_drafting_together_is_one_forward_per_step_of_the_longest(setup, monkeypatch, caplog):
+    """The shared run's forwards are as many as the longest draft's steps alone: the fallback that drafts each
+    conversation alone (it logs) is not taken."""
+    base, contexts = setup
+    ctx = [ids for ids, _ in contexts]
+    n = counting(base, monkeypatch)
+    calls = [lambda d: d.draft(ctx[0], 5, GREEDY), lambda d: d.draft_tree(ctx[1], 0.005, 4, 12),
+             lambda d: d.draft(ctx[2], 3, GREEDY)]
+    steps = []
+    for i, fn in enumerate(calls):
+        n["alone"] = 0
+        together(base, [(forks(base, contexts)[i], fn)])
+        steps.append(n["alone"])
+    n["packed"] = n["alone"] = 0
+    with caplog.at_level("WARNING", logger="peers.drafting"):
+        together(base, list(zip(forks(base, contexts), calls)))
+    # one forward per step of the longest; packed while two or more drafts go on, the longest alone after
+    assert n["packed"] + n["alone"] == max(steps) and n["packed"] == sorted(steps)[-2] < max(steps), (steps, n)
+    assert not [r for r in caplog.records if "drafts this step alone" in r.getMessage()]
+
+
 def test_chains_and_trees_drafted_together_equal_each_alone(setup):
     base, contexts = setup
     ctx = [ids for ids, _ in contexts]

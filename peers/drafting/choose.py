@@ -21,15 +21,16 @@ SIMULATED = "simulated:"  # bench only (simulated.py)
 
 def make_drafter(spec: str | None, target_dir: Path, target_vocab: int, tokenizer, device: str = "cpu",
                  say=print, dtype: torch.dtype = torch.float32, hub_id: str | None = None,
-                 room: int | None = None) -> Drafter:
+                 room: int | None = None, embedding: torch.Tensor | None = None) -> Drafter:
     """`none`, `ngram`, or a model (same names as --model), run in `dtype`. No spec: the best drafter known for
     the target: the shipped draft of the embedded default, the sibling of a hub model `hub_id` (peers/drafting/
-    siblings.py) if it can be had and its weights fit in `room` bytes, else ngram."""
+    siblings.py) if it can be had and its weights fit in `room` bytes, else ngram. `embedding`: the host's token
+    embedding, which a feature draft shares."""
     if spec in (None, "", "auto"):
         # the draft distilled for the embedded default and shipped with the package, if there is one
         if (shipped := shipped_draft(target_dir)) is not None:
             return load_feature_draft(shipped, target_dir, tokenizer, target_vocab, device=device,
-                                      name=f"{models.DEFAULT_MODEL}-draft")
+                                      name=f"{models.DEFAULT_MODEL}-draft", dtype=dtype, embedding=embedding)
         if (sibling := sibling_draft(hub_id)) is not None:
             try:
                 return sibling_drafter(sibling, target_vocab, tokenizer, device, say, dtype, room)
@@ -44,7 +45,8 @@ def make_drafter(spec: str | None, target_dir: Path, target_vocab: int, tokenize
         raise ModelError(f"--draft {spec} is for `sfchat bench` only")
     draft_dir = models.resolve(spec, say=say)
     if is_distilled(draft_dir):  # made by `sfchat distill` for one target, whose tensors it shares
-        return load_feature_draft(draft_dir, target_dir, tokenizer, target_vocab, device=device, name=spec)
+        return load_feature_draft(draft_dir, target_dir, tokenizer, target_vocab, device=device, name=spec,
+                                  dtype=dtype, embedding=embedding)
     check_same_tokenizer(tokenizer, draft_dir)
     from ..checkpoint import tensor_shapes
 

@@ -47,13 +47,18 @@ class FeatureDrafter(Drafter):
     trees = True  # greedy rounds draft a tree: its second and third choices, where they are likely enough
 
     def __init__(self, draft_dir: Path, target_dir: Path, target_vocab: int, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, name: str | None = None):
+                 dtype: torch.dtype = torch.float32, name: str | None = None, embedding: torch.Tensor | None = None):
+        """dtype: the host's. embedding: the host's shard's token embedding, shared where it is in `dtype` on
+        `device` (no copy of the target's largest matrix)."""
         ids = json.loads((Path(draft_dir) / VOCAB_FILE).read_text())
         if max(ids) >= target_vocab:
             raise ModelError(f"the draft {Path(draft_dir).name} proposes ids beyond the target's vocabulary")
         cfg = load_config(draft_dir)
         own = {k: v.float() for k, v in load_file(Path(draft_dir) / "model.safetensors").items()}
-        self.model = build(target_dir, cfg, ids, own).to(device, dtype).eval()
+        if embedding is not None and (embedding.dtype != dtype or embedding.device != torch.device(device)):
+            embedding = None
+        self.model = build(target_dir, cfg, ids, own, embedding).to(device, dtype).eval()
+        self.shared = {embedding.data_ptr()} if embedding is not None else set()
         use_columns(self.model)
         # conversations drafting at the same time draft in one forward (peers/drafting/together.py); the forks
         # share this
@@ -82,6 +87,11 @@ class FeatureDrafter(Drafter):
         self.true_len = 0
         self.lock = threading.Lock()  # observe (trio thread) never overlaps a proposal (worker thread)
         self.confidence: list[float] = []
+
+    @property
+    def bytes(self) -> int:
+        """What its weights hold beyond what it shares with the host's shard (counted in the host's plan)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters() if p.data_ptr() not in self.shared)
 
     def fork(self) -> "FeatureDrafter":
         d = copy.copy(self)  # the same weights
@@ -310,9 +320,11 @@ class FeatureDrafter(Drafter):
 
 
 def load(draft_dir: Path, target_dir: Path, tokenizer, target_vocab: int, device: str = "cpu",
-         name: str | None = None) -> FeatureDrafter:
+         name: str | None = None, dtype: torch.dtype = torch.float32,
+         embedding: torch.Tensor | None = None) -> FeatureDrafter:
     meta = read_meta(draft_dir)
     if meta.get("target_config") != config_fingerprint(target_dir) or \
             meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
         raise ModelError(f"the draft {Path(draft_dir).name} was distilled for another model ({meta.get('target')})")
-    return FeatureDrafter(draft_dir, target_dir, target_vocab, device=device, name=name)
+    return FeatureDrafter(draft_dir, target_dir, target_vocab, device=device, name=name, dtype=dtype,
+                          embedding=embedding)

@@ -49,12 +49,14 @@ class Step:
 
 
 class FeatureDraft(torch.nn.Module):
-    def __init__(self, cfg, n_rows: int, target_vocab: int):
+    def __init__(self, cfg, n_rows: int, target_vocab: int, embedding: torch.Tensor | None = None):
+        """embedding: the target's own (the host's shard's), shared rather than copied."""
         from transformers import AutoModel
 
         super().__init__()
         h = cfg.hidden_size
-        self.embed = torch.nn.Embedding(target_vocab, h)
+        self.embed = (torch.nn.Embedding(target_vocab, h) if embedding is None
+                      else torch.nn.Embedding.from_pretrained(embedding, freeze=True))
         self.fc = torch.nn.Linear(2 * h, h, bias=False)
         self.body = AutoModel.from_config(cfg, dtype=torch.float32)
         self.head = torch.nn.Linear(h, n_rows, bias=False)
@@ -124,11 +126,15 @@ def target_head(target_dir: Path) -> torch.Tensor:
     return target_tensors(target_dir, {"head": name})["head"]
 
 
-def build(target_dir: Path, cfg, ids: list[int], state: dict[str, torch.Tensor]) -> FeatureDraft:
-    """The draft: `state` (fc, layers, norm) plus the target's embedding and the head rows `ids`."""
-    shared = target_tensors(target_dir, {"embed": "model.embed_tokens.weight"})["embed"]
-    model = FeatureDraft(cfg, len(ids), shared.shape[0])
-    model.load_state_dict({**state, SHARED[0]: shared, SHARED[1]: target_head(target_dir)[torch.tensor(ids)]})
+def build(target_dir: Path, cfg, ids: list[int], state: dict[str, torch.Tensor],
+          embedding: torch.Tensor | None = None) -> FeatureDraft:
+    """The draft: `state` (fc, layers, norm) plus the target's embedding (`embedding`, shared, where the host
+    has it loaded; else read) and the head rows `ids`."""
+    shared = embedding if embedding is not None else target_tensors(
+        target_dir, {"embed": "model.embed_tokens.weight"})["embed"]
+    model = FeatureDraft(cfg, len(ids), shared.shape[0], embedding)
+    rest = {**state, SHARED[1]: target_head(target_dir)[torch.tensor(ids)]}
+    model.load_state_dict(rest if embedding is not None else {**rest, SHARED[0]: shared}, strict=embedding is None)
     return model
 
 

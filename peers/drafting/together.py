@@ -15,6 +15,7 @@ One task leads each run, on a worker thread; a cancelled request leaves the queu
 """
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import trio
 
 from ..threads import torch_threads
 
+log = logging.getLogger("peers.drafting")
 MAX_GATHER_S = 0.01
 
 
@@ -154,7 +156,9 @@ class Together:
         if len(steps) > 1:
             try:
                 return self.forward_many([step for _, step in steps])
-            except Exception:
+            except Exception as e:
+                log.warning("drafting %d conversations in one forward failed (%s: %s); each drafts this step alone",
+                            len(steps), type(e).__name__, e)
                 for (_, step), n in zip(steps, before):
                     step.cache.crop(n)
         outs = []

@@ -1,0 +1,158 @@
+"""A member's data plane: fwd frames in from the previous hop, this span's layers over them, computed frames out to
+the next hop. Each conversation's cache here (a row of the shard's KV arena) lives in `sessions`; a frame names the
+positions every stage keeps (`committed`), the rollback rule. The control plane (peers/peer.py) loads the span and
+points `next` at the next hop.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+import torch
+import trio
+
+from . import device, tensors, validate, wire
+from .auth import AuthError, server_handshake
+from .channel import Channel, ChannelClosed
+from .memory import injected_failure, is_oom, oom_line
+from .runtime import RUNTIME, Pinned
+from .shard import Shard
+
+log = logging.getLogger("sfchat.peer")
+SESSION_IDLE_S = 600.0
+
+
+class DataPlane:
+    def __init__(self, peer):
+        self.peer = peer  # its shard, plan (epoch), name and state
+        self.sessions: dict[str, object] = {}
+        # conversations the host ended: a frame of theirs still on its way (the drop on the control link overtook
+        # it) must not bring their caches back
+        self.dropped: deque[str] = deque(maxlen=256)
+        self.next: Channel | None = None
+        self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
+        # a GPU member's hop buffers, reused: a frame lands in one and is on the device before the next lands
+        # (frames are taken one at a time), and its result leaves from the other before the next pass runs
+        self.inbound, self.outbound = Pinned(), Pinned()
+
+    def drop(self, sid: str) -> None:
+        self.sessions.pop(sid, None)
+        self.dropped.append(sid)
+
+    async def serve(self, stream: trio.SocketStream) -> None:
+        try:
+            stream = await self.peer.tls.accept(stream)
+        except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
+            log.warning("TLS handshake on a data link failed: %s", e)
+            return
+        ch = Channel(stream, "prev hop", read_timeout=3600)
+        try:
+            await server_handshake(ch, self.peer.token)
+            while True:
+                msg = await ch.recv(into=self._landing)
+                if msg["t"] == "fail":  # an upstream failure travels on to the host
+                    await self._send_next(msg)
+                    continue
+                if msg["t"] != "fwd":
+                    raise wire.WireError(f"unexpected {msg['t']!r} on a data link")
+                await self._forward(msg)
+        except (AuthError, ChannelClosed) as e:
+            log.info("data link closed: %s", e)
+        except wire.WireError as e:
+            log.warning("bad frame from the previous hop: %s", e)
+            await ch.error(str(e))
+        except Exception as e:  # one bad link must never take the peer down
+            log.exception("data link failed")
+            await ch.error(f"internal error: {type(e).__name__}")
+        finally:
+            await ch.aclose()
+
+    async def _forward(self, msg: dict) -> None:
+        """One pass: of one conversation, or of several ("batch", each with its own session and rollback). A
+        conversation this member cannot continue (it lacks the positions the frame says are committed) is left
+        out and named in "failed"; the others go on."""
+        shard = self.peer.shard
+        if shard is None:
+            return await self._fail(msg, f"{self.peer.name} holds no layers yet")
+        x = validate.forward_frame(msg, shard.hidden_size)  # schema first: a bad frame closes the link
+        many = "batch" in msg  # (a frame without one is a batch of one, its own fields its segment's)
+        segs = validate.segments(msg, x.shape[1]) if many else [
+            {"sid": msg["sid"], "committed": msg["committed"], "n": x.shape[1],
+             **({"parents": msg["parents"]} if "parents" in msg else {})}]
+        if msg["epoch"] != self.peer.epoch:  # a frame of an older plan: the host will replay
+            return await self._fail(msg, f"{self.peer.name} is not on plan {msg['epoch']} but {self.peer.epoch}")
+        passes, kept, failed = [], [], dict(msg.get("failed") or {})
+        for seg, (a, b) in zip(segs, validate.bounds(segs)):
+            sid = seg["sid"]
+            if sid in self.dropped:  # ended: its caches stay gone
+                continue
+            s = self.sessions.get(sid) or self.sessions.setdefault(sid, shard.new_session())
+            if seg["committed"] > s.length:  # it lost its caches here (a new plan, say): the host will replay
+                self.sessions.pop(sid, None)
+                failed[sid] = (f"{self.peer.name}: frame says {seg['committed']} positions are committed but this "
+                               f"peer holds {s.length}")
+                continue
+            passes.append((s, seg["committed"], x[:, a:b], seg.get("parents")))
+            kept.append(seg)
+        if not passes:
+            return await self._fail(msg, "; ".join(failed.values())) if failed else None
+        try:
+            (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(RUNTIME.call, shard.device, self._compute,
+                                                                       shard, passes, limiter=self.compute)
+        except ValueError as e:
+            for seg in kept:
+                self.sessions.pop(seg["sid"], None)
+            return await self._fail(msg, f"{self.peer.name}: {e}")
+        except RuntimeError as e:  # out of memory (torch.OutOfMemoryError is one): named, and the host re-plans
+            if not is_oom(e):
+                raise
+            for seg in kept:
+                self.sessions.pop(seg["sid"], None)
+            who = f"member {self.peer.member_id} ({self.peer.name})"
+            return await self._fail(msg, oom_line(who, self.peer.device, f"in a pass of {x.shape[1]} positions"),
+                                    oom=True)
+        if many:
+            msg["batch"], msg["failed"] = kept, failed
+        msg["trace"].append([self.peer.name, round(ms, 3)])
+        await self._send_next(msg)
+        self._gc_sessions()
+        self.peer._changed(frames=self.peer.st.frames + 1, sessions=len(self.sessions),
+                           compute_ms=(self.peer.st.compute_ms + [ms])[-120:])
+
+    def _landing(self, msg: dict, n: int) -> memoryview:
+        """Where a frame's hidden states land: checked first, then the reused pinned buffer if they go on to a
+        GPU."""
+        shard, pin, place = self.peer.shard, device.pinned(self.peer.device), None
+        if pin and shard is not None and msg.get("t") == "fwd":
+            try:
+                place = self.inbound.view(*tensors.check(msg.get("x"), n))
+            except wire.WireError:
+                pass  # (landing says what is wrong with it)
+        return validate.landing(msg, n, shard.hidden_size if shard else None, pin, place)
+
+    def _compute(self, shard: Shard, passes: list) -> tuple[tuple[dict, memoryview], float]:
+        """(device runtime) This span's layers over the frame's passes and their copy back to the CPU for the wire,
+        finished on the device (one event) before they are timed: trio's thread never waits for the device."""
+        t0 = time.perf_counter()
+        injected_failure(self.peer.name, "pass", self.peer.device)
+        hs = shard.forward(passes)
+        out = tensors.host_bytes(torch.cat(hs, dim=1) if len(hs) > 1 else hs[0], pinned=self.outbound)
+        device.finish(shard.device)
+        ms = (time.perf_counter() - t0) * 1e3
+        return out, ms
+
+    async def _fail(self, msg: dict, error: str, oom: bool = False) -> None:
+        log.warning("%s", error)
+        await self._send_next({"t": "fail", "epoch": msg.get("epoch"), "sid": msg.get("sid"), "seq": msg.get("seq"),
+                               "error": error, **({"oom": True, "member": self.peer.member_id} if oom else {})})
+
+    async def _send_next(self, msg: dict) -> None:
+        if self.next is None:
+            raise ChannelClosed("no next hop yet")
+        await self.next.send(msg)
+
+    def _gc_sessions(self) -> None:
+        now = time.monotonic()
+        for sid in [k for k, s in self.sessions.items() if now - s.last_used > SESSION_IDLE_S]:
+            del self.sessions[sid]

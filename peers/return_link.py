@@ -1,0 +1,79 @@
+"""The host's return link: the last member's results come back here, each to the pass waiting for it.
+
+A pass is sent to the first member with a sequence number and waits for the reply of that number; the reply's
+hidden states land straight in the place the pass keeps for them, where they fit it. A member declared lost fails
+every pass waiting on the ring at once.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+import trio
+
+from . import device, validate, wire
+from .channel import Channel, ChannelClosed
+from .errors import RingError
+
+
+class ReturnLink:
+    def __init__(self, host):
+        self.host = host  # its ring, first hop, roster, config and device: what the current plan says
+        # (sid, seq) -> where its reply goes, and the tensor its hidden states land in (None: one of their own)
+        self.waiting: dict[tuple[str, int], tuple[trio.MemorySendChannel, torch.Tensor | None]] = {}
+        self.seq = itertools.count()
+        self.sent = 0  # frames sent round (each one pass of one or more conversations)
+
+    async def serve(self, ch: Channel) -> None:
+        """The last hop's results come back here; hand each to the pass waiting for it."""
+        while True:
+            msg = await ch.recv(into=self._landing)
+            if msg["t"] not in ("fwd", "fail"):
+                raise wire.WireError(f"unexpected {msg['t']!r} on the return link")
+            waiter = self.waiting.get((msg.get("sid"), msg.get("seq")))
+            if waiter is not None:
+                waiter[0].send_nowait(msg)
+
+    def _landing(self, msg: dict, n: int) -> memoryview:
+        """Where the last hop's hidden states land, once checked: in the place their pass keeps for them, if they
+        fit it; else a buffer of their own (pinned if they go on to a GPU)."""
+        place = self.waiting.get((msg.get("sid"), msg.get("seq")), (None, None))[1]
+        return validate.landing(msg, n, self.host.config.hidden_size, device.pinned(self.host.device), place)
+
+    async def round_trip(self, frame: dict, n_positions: int, sent: list, place: torch.Tensor | None = None) -> dict:
+        """Send a pass to the first member and wait for the last one's reply (RingError if the ring fails it); the
+        reply's hidden states land in `place` if they fit it."""
+        seq = frame["seq"] = next(self.seq)
+        send, recv = trio.open_memory_channel(1)
+        self.waiting[(frame["sid"], seq)] = (send, place)
+        try:
+            await self.host.first_hop.send(frame)
+            self.sent += 1
+            for event in sent:
+                if event is not None:
+                    event.set()  # the host's part is done: the round is on the wire
+            reply = await self._await_reply(recv, pass_timeout(n_positions))
+        except (ChannelClosed, trio.TooSlowError) as e:
+            raise RingError(f"the ring did not answer: {e}") from None
+        finally:
+            del self.waiting[(frame["sid"], seq)]
+        if reply["t"] == "fail":
+            if reply.get("oom"):
+                self.host.roster.out_of_memory(reply.get("member"), str(reply.get("error")))
+            raise RingError(str(reply.get("error")))
+        return reply
+
+    async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:
+        """The pass's result, or RingError as soon as a ring member is declared lost."""
+        deadline = trio.current_time() + timeout
+        while trio.current_time() < deadline:
+            with trio.move_on_after(0.1):
+                return await recv.receive()
+            lost = [m for m in self.host.ring if m.state == "lost"]
+            if lost:
+                raise RingError(f"member {lost[0].id} ({lost[0].name}) was lost: {lost[0].error}")
+        raise trio.TooSlowError
+
+
+def pass_timeout(n_tokens: int) -> float:
+    return 60.0 + n_tokens * 0.5
