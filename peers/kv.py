@@ -88,6 +88,12 @@ class SessionCache:
     def row(self) -> int | None:
         return self.cell[0]
 
+    def get_seq_length(self) -> int:  # (as transformers' caches: what drafting together reads and rolls back)
+        return self.length
+
+    def crop(self, n: int) -> None:
+        self.length = min(self.length, n)
+
 
 class Writer:
     """What transformers' attention layers call as their cache during a padded pass of B rows: `update` writes the

@@ -53,3 +53,31 @@ def test_the_draft_runs_in_the_dtype_it_is_given(tiny_llama):
     assert {p.dtype for p in params} == {torch.bfloat16} and shard.arena.keys.dtype == torch.bfloat16
     weights = sum(p.numel() * 2 for p in {id(p): p for p in params}.values())
     assert d.bytes == weights + shard.arena.bytes  # its real bytes: weights and arena
+
+
+def test_conversations_drafting_at_once_share_each_forward(tiny_llama, monkeypatch, caplog):
+    """Three chains of 5, 2 and 3 drafts at once: each what it drafts alone, in as many forwards as the longest
+    chain has steps, its first ones carrying all three conversations; the fallback (each alone) not taken."""
+    import trio
+
+    contexts = [CTX, CTX[:7] + [201, 202], [9, 8, 7] + CTX]
+    ns = [5, 2, 3]
+    base = ModelDrafter(tiny_llama, 300)
+    want = [ModelDrafter(tiny_llama, 300).propose(c, n, GREEDY)[0] for c, n in zip(contexts, ns)]
+    sizes, forward = [], base.model._forward
+    monkeypatch.setattr(base.model, "_forward", lambda steps: sizes.append(len(steps)) or forward(steps))
+    forks = [base.fork() for _ in contexts]
+    got = [None] * 3
+
+    async def main():
+        async def one(i):
+            got[i] = (await forks[i].draft(contexts[i], ns[i], GREEDY))[0]
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(one, i)
+
+    with caplog.at_level("WARNING", logger="peers.drafting"):
+        trio.run(main)
+    assert got == want
+    assert sizes == [3, 3, 2, 1, 1]  # steps: the context, then a draft's each; chains leave as they end
+    assert not [r for r in caplog.records if "drafts this step alone" in r.getMessage()]

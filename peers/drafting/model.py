@@ -3,12 +3,16 @@ small model's full span with its embedding and head, in the host's dtype, its ke
 own, its passes on the process's device runtime (peers/runtime.py) at the look-ahead lane's priority, its short
 passes replayed as CUDA graphs like the ring's. Nothing is compiled.
 
-`step(passes)` is the draft's one forward: B conversations' (cache, committed, ids) in one pass, the logits at each
-one's last position. A chain of drafts (propose) or a tree of them is a loop of steps on top of it.
+`DraftModel.forward(steps)` is the draft's one forward: B conversations' Steps (cache, committed, ids) in one pass,
+the logits at each one's last position. A chain of drafts (chain_steps) is a generator of steps on top of it, which
+peers/drafting/together.py advances in lockstep with the other conversations' drafting; a tree of drafts can sit on
+it the same way.
 """
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,18 +23,31 @@ from ..runtime import DRAFT, RUNTIME
 from ..sampling import draw, pad_vocab, position_generator
 from ..tensors import DTYPE_NAMES
 from .base import Drafter, common_prefix
+from .together import Together
+
+
+@dataclass
+class Step:
+    """One conversation's part of a draft forward: ids after the first `committed` positions of its cache."""
+
+    cache: SessionCache
+    committed: int
+    ids: list[int]
 
 
 class DraftModel:
-    """The draft's weights and arena, shared by every conversation's drafter (ModelDrafter.fork)."""
+    """The draft's weights and arena, shared by every conversation's drafter (ModelDrafter.fork), and the run
+    that drafts the conversations drafting at the same time together (peers/drafting/together.py)."""
 
     def __init__(self, model_dir: Path, device: str, dtype: torch.dtype, conversations: int):
         from ..shard import Shard, load_config
 
         n = load_config(model_dir).num_hidden_layers
+        self.device = device
         self.shard = Shard(Path(model_dir), Span(0, n, n), embed=True, head=True, dtype=DTYPE_NAMES[dtype],
                            device=device, conversations=conversations)
         self.vocab = self.shard.embed.num_embeddings
+        self.together = Together(self.forward, threads=torch.get_num_threads())
 
     @property
     def bytes(self) -> int:
@@ -38,19 +55,24 @@ class DraftModel:
         params = {id(p): p for m in self.shard.modules() for p in m.parameters()}.values()
         return sum(p.numel() * p.element_size() for p in params) + self.shard.arena.bytes
 
-    def step(self, passes: list[tuple[SessionCache, int, list[int]]]) -> list[torch.Tensor]:
-        """(device runtime) One forward of B conversations: each (cache, committed, ids) feeds ids after the
-        first `committed` positions its cache keeps; the float32 logits at each one's last position."""
+    def forward(self, steps: list[Step]) -> list[torch.Tensor]:
+        """The draft's one forward: B conversations' steps in one pass on the device runtime, at the look-ahead
+        lane's priority; the float32 logits at each one's last position."""
+        return RUNTIME.call(self.device, self._forward, steps, lane=DRAFT)
+
+    @torch.inference_mode()
+    def _forward(self, steps: list[Step]) -> list[torch.Tensor]:
         # an id only the target has (its padded rows) has no embedding here: the draft reads it as id 0
-        xs = [torch.tensor([[t if t < self.vocab else 0 for t in ids]]) for _, _, ids in passes]
-        hs = self.shard.forward([(s, c, x, None) for (s, c, _), x in zip(passes, xs)])
+        xs = [torch.tensor([[t if t < self.vocab else 0 for t in s.ids]]) for s in steps]
+        hs = self.shard.forward([(s.cache, s.committed, x, None) for s, x in zip(steps, xs)])
         return [logits[-1] for _, logits in self.shard.finish([(h[0], 1) for h in hs])]
 
 
 class ModelDrafter(Drafter):
     """A small causal LM that follows the context by longest common prefix: a rejected branch is rolled back by
     the engine's rule (a shorter `committed`), and after a fully accepted round the last drafted token is
-    processed too."""
+    processed too. Its drafting is a generator of steps (chain_steps), driven alone (propose) or in lockstep with
+    the other conversations' (draft)."""
 
     def __init__(self, model_dir: Path | None, target_vocab: int, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, name: str | None = None, conversations: int = CONVERSATIONS,
@@ -59,58 +81,79 @@ class ModelDrafter(Drafter):
         self.name = name or Path(model_dir).name
         self.device = device
         self.target_vocab = target_vocab
-        self.draft_vocab = self.model.vocab
         self.cache = self.model.shard.new_session()
         self.seen: list[int] = []  # tokens whose keys and values are in self.cache
-        self.next_logits: torch.Tensor | None = None  # logits after the last token of self.seen
+        self.lock = threading.Lock()  # one drafting at a time on its cache
 
     @property
     def bytes(self) -> int:
         return self.model.bytes
 
+    @property
+    def together(self) -> Together:
+        return self.model.together
+
     def fork(self) -> Drafter:
         """Another conversation's drafter: the same weights and arena, a row of its own."""
         return ModelDrafter(None, self.target_vocab, device=self.device, name=self.name, model=self.model)
 
+    def close(self) -> None:
+        self.together.forget(self)
+
     def reset(self) -> None:
-        self.seen, self.next_logits = [], None
+        self.seen = []
 
-    def _feed(self, tokens: list[int]) -> None:
-        (self.next_logits,) = self.model.step([(self.cache, len(self.seen), tokens)])
-        self.seen += tokens
+    def _crop(self, n: int) -> None:
+        """(after a failed forward) Keep only the first n positions."""
+        self.seen = self.seen[:n]
+        self.cache.length = min(self.cache.length, n)
 
-    def _sync(self, context: list[int]) -> None:
+    def _run(self, step: Step) -> torch.Tensor:
+        return self.model.forward([step])[0]
+
+    def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
+        with self.lock:
+            return self._drive(self.chain_steps(context, n, params, stop))
+
+    async def draft(self, context, n, params, stop=None, floor=0.0, prior=1.0):
+        return await self.together.run(self, self.chain_steps(context, n, params, stop))
+
+    def _drive(self, steps):
+        out = None
+        while True:
+            try:
+                step = steps.send(out)
+            except StopIteration as end:
+                return end.value
+            out = self._run(step)
+
+    def chain_steps(self, context: list[int], n: int, params, stop=None):
+        """(steps) A chain of n drafts: the context's new part, then one step per draft but the last; its result
+        is (tokens, q)."""
+        if n <= 0:
+            return [], None
+        t0 = time.perf_counter()
         if self.cache.evicted or self.cache.length < len(self.seen):  # its row went to another conversation
             self.seen = self.seen[: self.cache.length]
         common = common_prefix(context, self.seen)
         if common == len(context):  # context is a prefix of what we saw: recompute its last position
             common -= 1
         self.seen = self.seen[:common]
-        self._feed(context[common:])
-
-    def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
-        return RUNTIME.call(self.device, self._propose, context, n, params, stop, lane=DRAFT)
-
-    @torch.inference_mode()
-    def _propose(self, context, n, params, stop):
-        if n <= 0:
-            return [], None
-        t0 = time.perf_counter()
-        self._sync(context)
+        logits = yield Step(self.cache, common, context[common:])
+        self.seen = list(context)
         tokens, qs = [], []
-        for _ in range(n):
-            logits = self.next_logits
+        while True:
             if params.greedy:
                 tok = int(logits.argmax())
             else:
                 q = pad_vocab(params.probs(logits[None])[0], self.target_vocab)
-                gen = position_generator(params.seed, len(context) + len(tokens), stream=0)
-                tok = draw(q, gen)
+                tok = draw(q, position_generator(params.seed, len(context) + len(tokens), stream=0))
                 qs.append(q)
             tokens.append(tok)
             if len(tokens) == n or (stop is not None and stop.is_set()):
                 break
-            self._feed([tok])
+            logits = yield Step(self.cache, len(self.seen), [tok])
+            self.seen.append(tok)
         self._measure(time.perf_counter() - t0, len(tokens))
         return tokens, (torch.stack(qs) if qs else None)
 

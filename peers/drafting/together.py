@@ -43,8 +43,9 @@ class Together:
     """forward_many(steps) -> each step's output; run(drafter, steps) drives `steps` to its end with the steps of
     whoever else drafts at the same time, and returns its result."""
 
-    def __init__(self, forward_many):
-        self.forward_many = forward_many
+    def __init__(self, forward_many, threads: int = 1):
+        """threads: the CPU threads its forwards take (a feature draft's matrices are small: one)."""
+        self.forward_many, self.threads = forward_many, threads
         self.pending: list[Request] = []
         self.leading = False
         self.expected = weakref.WeakSet()  # the drafters of the last run: they come again, soon
@@ -114,7 +115,7 @@ class Together:
     @torch.inference_mode()
     def _drive(self, batch: list[Request]) -> None:
         """(worker thread) Every request's steps in lockstep, each step of all of them in one forward."""
-        with torch_threads(1):  # the draft's matrices are small (see FeatureDrafter.propose)
+        with torch_threads(self.threads):
             locks = list({id(r.drafter.lock): r.drafter.lock for r in batch}.values())  # (each once)
             for lock in locks:
                 lock.acquire()
