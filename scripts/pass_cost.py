@@ -41,11 +41,11 @@ def main() -> None:
     n = load_config(model).num_hidden_layers
     shard = Shard(model, Span(0, n, n), embed=True, head=True)
     s = shard.new_session()
-    shard.forward(s, 0, torch.arange(a.context)[None] + 100)
+    shard.forward([(s, 0, torch.arange(a.context)[None] + 100, None)])
 
     def forward(t: int) -> None:  # a pass of t positions after the context (each one trims the last away)
-        h = shard.forward(s, a.context, torch.arange(t)[None] + 500)
-        shard.finish(h[0], t)
+        (h,) = shard.forward([(s, a.context, torch.arange(t)[None] + 500, None)])
+        shard.finish([(h[0], t)])
     print(f"forward of {model.name} with {a.context} positions cached, {torch.get_num_threads()} threads:")
     for t in range(1, a.max_positions + 1):
         print(f"  {t:2d} positions: {median_ms(lambda: forward(t)):6.1f} ms")

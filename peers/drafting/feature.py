@@ -16,6 +16,7 @@ from ..fingerprint import config_fingerprint
 from ..errors import ModelError
 from ..sampling import SamplingParams, draw, position_generator
 from ..shard import load_config, rollback_cache
+from ..runtime import DRAFT, RUNTIME
 from ..threads import torch_threads
 from ..tree import BRANCHES, Draft, depth_first
 from .base import Drafter, common_prefix
@@ -62,7 +63,7 @@ class FeatureDrafter(Drafter):
         use_columns(self.model)
         # conversations drafting at the same time draft in one forward (peers/drafting/together.py); the forks
         # share this
-        self.together = Together(self.model.forward_many) if self.model.packable() else None
+        self.together = Together(self.model.forward_many, device=device) if self.model.packable() else None
         if self.together is not None:
             packed.route(self.model.body.config)
         self.name = name or Path(draft_dir).name
@@ -228,8 +229,12 @@ class FeatureDrafter(Drafter):
         # cores (its look-ahead), where a second thread's barrier waits on a busy core (many times slower than one
         # thread when the cores are busy: docs/benchmarks.md).
         # torch's thread count is per OS thread, so the host's own layers keep theirs (peers/threads.py).
+        return RUNTIME.call(self.device, self._alone, self.chain_steps(context, n, params, stop, floor, prior),
+                            lane=DRAFT)
+
+    def _alone(self, steps):
         with torch_threads(1), self.lock:
-            return self._drive(self.chain_steps(context, n, params, stop, floor, prior))
+            return self._drive(steps)
 
     def chain_steps(self, context: list[int], n: int, params: SamplingParams, stop=None, floor: float = 0.0,
                     prior: float = 1.0):
@@ -267,8 +272,8 @@ class FeatureDrafter(Drafter):
         a level at a time, each level one step of the draft over all its nodes at once (their own positions, each
         seeing its ancestors), so a node costs far less than a chain's draft; the main chain's last node's best
         child is the guess at the token after it."""
-        with torch_threads(1), self.lock:
-            return self._drive(self.tree_steps(context, floor, depth, max_nodes, stop))
+        return RUNTIME.call(self.device, self._alone, self.tree_steps(context, floor, depth, max_nodes, stop),
+                            lane=DRAFT)
 
     def tree_steps(self, context: list[int], floor: float, depth: int, max_nodes: int,
                    stop: threading.Event | None = None):

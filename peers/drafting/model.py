@@ -47,7 +47,7 @@ class DraftModel:
         self.shard = Shard(Path(model_dir), Span(0, n, n), embed=True, head=True, dtype=DTYPE_NAMES[dtype],
                            device=device, conversations=conversations)
         self.vocab = self.shard.embed.num_embeddings
-        self.together = Together(self.forward, threads=torch.get_num_threads())
+        self.together = Together(self.forward, threads=torch.get_num_threads(), device=device)
 
     @property
     def bytes(self) -> int:

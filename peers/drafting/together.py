@@ -18,11 +18,13 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+from functools import partial
 from dataclasses import dataclass, field
 
 import torch
 import trio
 
+from ..runtime import DRAFT, RUNTIME
 from ..threads import torch_threads
 
 log = logging.getLogger("peers.drafting")
@@ -43,9 +45,10 @@ class Together:
     """forward_many(steps) -> each step's output; run(drafter, steps) drives `steps` to its end with the steps of
     whoever else drafts at the same time, and returns its result."""
 
-    def __init__(self, forward_many, threads: int = 1):
-        """threads: the CPU threads its forwards take (a feature draft's matrices are small: one)."""
-        self.forward_many, self.threads = forward_many, threads
+    def __init__(self, forward_many, threads: int = 1, device: str = "cpu"):
+        """threads: the CPU threads its forwards take (a feature draft's matrices are small: one). device: where
+        they run (a GPU's work goes to the process's device runtime, peers/runtime.py)."""
+        self.forward_many, self.threads, self.device = forward_many, threads, device
         self.pending: list[Request] = []
         self.leading = False
         self.expected = weakref.WeakSet()  # the drafters of the last run: they come again, soon
@@ -82,7 +85,8 @@ class Together:
             if batch:
                 with trio.CancelScope(shield=True):  # the others' drafts are in this run too
                     try:
-                        await trio.to_thread.run_sync(self._drive, batch)
+                        await trio.to_thread.run_sync(partial(RUNTIME.call, self.device, self._drive, batch,
+                                                              lane=DRAFT))
                     except Exception as e:  # (a bug) the run's requests fail, nobody waits for them
                         for r in batch:
                             if not r.done:
