@@ -9,7 +9,8 @@ def test_too_small_a_ring_says_so_before_loading(tiny_llama, caplog):
     async def main():
         # a tiny layer needs ~0.3 MB (weights and 512 positions of KV), a pass ~5.8 MB: each offers ~6.4 MB
         try:
-            async with running_ring(tiny_llama, 1, extra=["--offer-gb", "0.006"], offer_gb=0.006) as (host, _):
+            async with running_ring(tiny_llama, 1, extra=["--offer-gb", "0.006"], offer_gb=0.006,
+                                    conversations=1) as (host, _):
                 raise AssertionError(f"the ring formed: {[str(m.span) for m in host.ring]}")
         except BaseExceptionGroup as group:
             fit, rest = group.split(FitError)

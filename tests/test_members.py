@@ -37,7 +37,8 @@ def test_peer_with_half_the_layers_uses_well_under_the_whole_model(smollm2):
     """SmolLM2 is 540 MB in float32; a peer holding about half of 30 layers (no embedding, no head) adds ~200 MB.
     (The host holds the embedding and head on the same offer, so the peer gets a layer or two more.)"""
     async def main():
-        async with running_ring("smollm2-135m", 1, extra=["--offer-gb", "1.0"], offer_gb=1.0) as (host, _):
+        async with running_ring("smollm2-135m", 1, extra=["--offer-gb", "1.0"], offer_gb=1.0,
+                                conversations=1) as (host, _):
             m = host.ring[0]
             assert 15 <= m.span.size <= 17
             return m.rss - m.rss_before

@@ -48,7 +48,8 @@ def test_out_of_memory_loading_when_the_rest_cannot_hold_the_model(tiny_llama, m
 
     async def main():
         try:
-            async with running_ring(tiny_llama, 2, extra=["--offer-gb", f"{member_gb:.9f}"], offer_gb=host_gb):
+            async with running_ring(tiny_llama, 2, extra=["--offer-gb", f"{member_gb:.9f}"], offer_gb=host_gb,
+                                    conversations=1):
                 raise AssertionError("the ring formed")
         except BaseExceptionGroup as group:
             fit, rest = group.split(FitError)

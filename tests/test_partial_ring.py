@@ -85,7 +85,7 @@ def test_the_host_refuses_while_the_rest_cannot_hold_the_model_and_answers_once_
     host_gb = (host_bytes(m, "float32") + pass_bytes(m, "float32", ctx) + 2.5 * layer_bytes(m, Offer("x", 0), ctx))
 
     async def main():
-        host = quiet_host(tiny_llama, offer_gb=host_gb / 2**30)
+        host = quiet_host(tiny_llama, offer_gb=host_gb / 2**30, conversations=1)
         async with trio.open_nursery() as nursery:
             await nursery.start(host.serve)
             host.auto_replan = True

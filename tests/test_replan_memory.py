@@ -19,7 +19,8 @@ MORE, FEWER = 4.0, 0.6
 
 def test_five_re_plans_free_the_layers_and_caches_they_replace(smollm2):
     async def main():
-        async with running_ring(smollm2, 1, extra=["--offer-gb", "1.0"], offer_gb=MORE) as (host, _):
+        async with running_ring(smollm2, 1, extra=["--offer-gb", "1.0"], offer_gb=MORE,
+                                conversations=1) as (host, _):
             chat = new_chat(host)
             seen = []
             for gb in (FEWER, MORE, FEWER, MORE, FEWER):
