@@ -13,7 +13,9 @@ recorded, and the rest run):
   tokens;
 - a model of SmolLM2-135M's shape in float32 drafting itself through the ring (acceptance >= 0.95: the
   machinery is exact), and in bfloat16 (the model draft on the engine, in the host's dtype).
-Every bench row carries each member's memory and peak, and its milliseconds per pass at T=1 and T=K+1.
+Every bench row carries each member's memory and peak against what the plan counts for it, the CUDA graphs it
+captured (asserted: every member of a graphed ring has some), and its milliseconds per pass at T=1 and T=K+1;
+the 1,000-token answer's round times give their median and p99.
 Each stage prints a JSON line as it ends; the last line printed is one JSON object of them all, with the checks.
 """
 from __future__ import annotations
