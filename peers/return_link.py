@@ -22,7 +22,7 @@ class ReturnLink:
         # (sid, seq) -> where its reply goes, and the tensor its hidden states land in (None: one of their own)
         self.waiting: dict[tuple[str, int], tuple[trio.MemorySendChannel, torch.Tensor | None]] = {}
         self.seq = itertools.count()
-        self.sent = 0  # frames sent round (each one pass of one or more conversations)
+        self.sent = self.answered = 0  # frames sent round (each a pass of one or more conversations), answered
 
     async def serve(self, ch: Channel) -> None:
         """The last hop's results come back here; hand each to the pass waiting for it."""
@@ -57,6 +57,8 @@ class ReturnLink:
             raise RingError(f"the ring did not answer: {e}") from None
         finally:
             del self.waiting[(frame["sid"], seq)]
+        if reply["t"] == "fwd":
+            self.answered += 1
         if reply["t"] == "fail":
             if reply.get("oom"):
                 self.host.roster.out_of_memory(reply.get("member"), str(reply.get("error")))
