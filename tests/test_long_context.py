@@ -18,7 +18,7 @@ def test_6000_token_prompt_at_7b_width_is_exact(tmp_path):
     new = 4
 
     async def through_ring() -> tuple[list[int], list[str]]:
-        async with running_ring(model, 2) as (host, _):
+        async with running_ring(model, 2, conversations=1) as (host, _):
             spans = [str(host.shard.span)] + [str(m.span) for m in host.ring]
             rs = host.new_session("long")
             tokens = list(prompt)
