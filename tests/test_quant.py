@@ -10,6 +10,7 @@ import trio
 from helpers import cosine_to_float, greedy_reply, running_ring
 from peers import quant as q
 from peers.shard import Shard, Span
+from tiny import one
 
 
 @pytest.mark.parametrize("quant", ["int8", "nf4"])
@@ -17,8 +18,8 @@ def test_quantized_shard_is_close_to_float(quant, tiny_llama):
     full = Shard(tiny_llama, Span(0, 4, 4), embed=True, head=True)
     q = Shard(tiny_llama, Span(0, 4, 4), embed=True, head=True, quant=quant)
     ids = torch.tensor([[5, 17, 42, 99, 7]])
-    a = full.logits(full.forward(full.new_session(), 0, ids))
-    b = q.logits(q.forward(q.new_session(), 0, ids))
+    a = full.logits(one(full, full.new_session(), 0, ids))
+    b = q.logits(one(q, q.new_session(), 0, ids))
     # 4-bit random 64-wide weights lose a lot; the logits must still point the same way
     assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > (0.99 if quant == "int8" else 0.9)
     assert any("bitsandbytes" in type(m).__module__ for m in q.layers.modules())
