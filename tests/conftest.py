@@ -1,3 +1,8 @@
+"""The suite runs in pytest-xdist workers (scripts/test), so a test must not depend on another's order or leftovers:
+ports from 0 (or helpers.free_port), files under tmp_path. Tests of one module that share a ring or a server take it
+from a module-scoped fixture: they then run on one worker, which makes it once. A test that asserts on a time
+(a median, an echo in ms) is marked `serial` and runs with no other test beside it. A skip says what is missing
+("needs ..."): the run ends with one line per reason."""
 import fcntl
 import os
 import sys
