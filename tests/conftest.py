@@ -1,5 +1,12 @@
+"""The suite runs in pytest-xdist workers (scripts/test), so a test must not depend on another's order or leftovers:
+ports from 0 (or helpers.free_port), files under tmp_path. Tests of one module that share a ring or a server take it
+from a module-scoped fixture: they then run on one worker, which makes it once. A test that asserts on a time
+(a median, an echo in ms) is marked `serial` and runs with no other test beside it. A skip says what is missing
+("needs ..."): the run ends with one line per reason."""
+import fcntl
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -47,16 +54,53 @@ def smollm2():
     return models.resolve("smollm2-135m", say=lambda *a: None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` run where a GPU is (scripts/gpu_check); elsewhere they skip, saying why."""
+    """Tests marked `cuda` run where a GPU is (scripts/gpu_check); elsewhere they skip, saying why. Under
+    pytest-xdist (--dist loadgroup), the tests that share a module-scoped fixture (a ring, a server) run on one
+    worker, so that it is made once; every other test goes to whichever worker is free."""
     import torch
 
+    for item in items:
+        if any(d.scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (scripts/gpu_check runs these)")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    """Under pytest-xdist, a test marked `serial` runs with no other test beside it (its set-up included): it
+    times something that a second worker on two cores would slow. Two lock files shared by the workers: `turn`
+    lets one test in at a time (a serial one holds it throughout, so no new test starts), `ring` is held shared
+    by every running test and exclusively by a serial one, which so waits for those already running."""
+    if not hasattr(item.config, "workerinput"):  # one process runs every test in turn anyway
+        yield
+        return
+    folder = Path(item.config.option.basetemp).parent  # the run's temporary folder; each worker has one in it
+    with open(folder / "serial.turn", "a") as turn, open(folder / "serial.ring", "a") as ring:
+        serial = item.get_closest_marker("serial") is not None
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        fcntl.flock(ring, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        if not serial:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+        yield  # (the files' locks go with them when they close)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """Why tests were skipped, one line per reason: "15 skipped: needs an NVIDIA GPU (...)"."""
+    reasons = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    for reason, n in reasons.most_common():
+        terminalreporter.write_line(f"{n} skipped: {reason}")
 
 # no test reaches the real hub: tests/test_hub.py turns this off for its own processes, pointed at a stand-in
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -177,6 +177,7 @@ def test_backpressure_bounds_memory(shaping, tmp_path):
         trio.run(main)
 
 
+@pytest.mark.serial  # times round trips
 def test_shaping_adds_the_asked_delay(tmp_path):
     """--delay-ms 25 adds 50 ms to a round trip: no trip is quicker, and the median trip is about that much
     slower than a direct one; with jitter each trip is still no quicker than the band's low end, and the median

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -175,8 +176,10 @@ def test_disconnect_cancels_and_frees_every_member(server, tiny_llama):
 
 def test_eight_concurrent_streams_equal_ask(server, tiny_llama):
     prompts = ["hello world", "the lazy dog", "def fib(n)", "quantum entanglement"]
-    asked = {p: ask_json(p, "--model", str(tiny_llama), "--draft", "ngram", "--max-new-tokens", str(N),
-                         "--temperature", "0")["text"] for p in prompts}
+    with ThreadPoolExecutor(len(prompts)) as pool:  # the four `sfchat ask` processes at once
+        texts = pool.map(lambda p: ask_json(p, "--model", str(tiny_llama), "--draft", "ngram", "--max-new-tokens",
+                                            str(N), "--temperature", "0")["text"], prompts)
+        asked = dict(zip(prompts, texts))
 
     async def one(c, prompt: str) -> str:
         stream = await c.chat.completions.create(model=tiny_llama.name, messages=user(prompt), max_tokens=N,

@@ -152,6 +152,7 @@ def long_llama(tiny_llama, tmp_path_factory):
     return path
 
 
+@pytest.mark.serial  # times the key echo
 def test_escape_stops_a_long_answer_and_keys_echo_fast(long_llama):
     """Keys typed while the ring generates flat out (no pause between its rounds) reach the prompt line at once;
     Escape stops the answer and keeps what came."""
