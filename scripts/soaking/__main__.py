@@ -1,0 +1,127 @@
+"""python -m scripts.soaking (scripts/soak): bring up the ring, load, fault and fuzz it at once for a while, then
+print one table (and JSON) of what happened; exit 1 when anything was wrong or lost, a process crashed, or the
+host's RSS grew past the bound."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import http_fuzz, ring_fuzz
+from .faults import Faults
+from .load import client_loop
+from .reference import references
+from .ring import Ring, rss_mb
+from .tally import Tally
+
+KEY = "soak-key"
+GRACE_S = 300  # after the deadline, requests under way may finish (and be retried) for this long
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="scripts/soak", description=__doc__.split(":", 1)[1].strip())
+    ap.add_argument("--minutes", type=float, default=30.0, help="how long the load, faults and fuzzing run")
+    ap.add_argument("--model", default="smollm2-135m", help="a model directory, or the embedded default")
+    ap.add_argument("--peers", type=int, default=2, help="members besides the host")
+    ap.add_argument("--clients", type=int, default=8, help="clients streaming at once")
+    ap.add_argument("--fault-every", type=float, default=60.0, metavar="S",
+                    help="seconds between faults (a kill; every fourth a stop past the heartbeat limit)")
+    ap.add_argument("--max-tokens", type=int, default=12, help="each answer's length: short, so requests turn over")
+    ap.add_argument("--frames-per-s", type=float, default=14.0, help="bad ring frames' rate, about")
+    ap.add_argument("--http-per-s", type=float, default=1.0, help="bad HTTP requests' rate, about")
+    ap.add_argument("--hang-s", type=float, default=240.0, help="a request silent this long is lost")
+    ap.add_argument("--rss-bound-mb", type=float, default=256.0,
+                    help="how much the host's RSS may grow from the start (after a first answer to each prompt) "
+                         "to the end")
+    ap.add_argument("--workdir", type=Path, help="logs and soak.json (default: a new temporary folder)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("serve_args", nargs="*", help="after --: more flags for `sfchat serve` (--draft ngram, say)")
+    return ap.parse_args(argv)
+
+
+def count_tracebacks(ring: Ring) -> int:
+    return sum(p.log.read_text(errors="replace").count("Traceback (most recent call last)") for p in ring.procs
+               if p.log.exists())
+
+
+async def soak(args, ring: Ring, refs: dict, hidden: int, model: str, tally: Tally) -> None:
+    faults = Faults(ring, tally, args.fault_every, seed=args.seed)
+    # a first answer to each prompt, before anything else: exactness on a calm ring, and the RSS baseline
+    await asyncio.gather(*(client_loop(i, ring.url, KEY, model, {p: refs[p]}, args.max_tokens, 0, args.hang_s,
+                                       tally, faults, once=True) for i, p in enumerate(refs)))
+    tally.rss_mb["start"] = rss_mb(ring.host.pid)
+    print(f"soak: {len(refs)} first answers {'exact' if tally.exact == len(refs) else 'NOT all exact'}; "
+          f"host RSS {tally.rss_mb['start']:.0f} MiB; {args.minutes:g} minutes of load, faults and fuzzing begin",
+          file=sys.stderr, flush=True)
+    start = time.monotonic()
+    deadline = start + args.minutes * 60
+
+    async def middle():
+        await asyncio.sleep(args.minutes * 30)
+        tally.rss_mb["middle"] = rss_mb(ring.host.pid)
+
+    async def progress():
+        while time.monotonic() < deadline:
+            await asyncio.sleep(60)
+            print(f"soak: {(time.monotonic() - start) / 60:.0f} min: {tally.exact} exact, {tally.wrong} wrong, "
+                  f"{tally.lost} lost, {sum(tally.errors.values())} errors, {tally.killed} killed, "
+                  f"{tally.frames} frames, {tally.http_bad} bad HTTP", file=sys.stderr, flush=True)
+
+    async with asyncio.timeout(args.minutes * 60 + GRACE_S):
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(middle())
+            tg.create_task(progress())
+            watch = tg.create_task(faults.watch(deadline + GRACE_S))
+            tg.create_task(faults.run(deadline))
+            tg.create_task(ring_fuzz.run(ring, hidden, deadline, args.frames_per_s, tally, seed=args.seed + 1))
+            tg.create_task(http_fuzz.run(ring.http_port, KEY, model, deadline, args.http_per_s, tally,
+                                         seed=args.seed + 2))
+            clients = [tg.create_task(client_loop(i, ring.url, KEY, model, refs, args.max_tokens, deadline,
+                                                  args.hang_s, tally, faults)) for i in range(args.clients)]
+            await asyncio.gather(*clients)
+            watch.cancel()
+    await asyncio.to_thread(ring.wait_ready, 60)
+    tally.rss_mb["end"] = rss_mb(ring.host.pid)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    from peers.models import resolve
+
+    model_dir = resolve(args.model, say=lambda *a: None)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="soak-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"soak: references of {model_dir.name} with plain transformers; logs in {workdir}", file=sys.stderr,
+          flush=True)
+    refs = references(str(model_dir), args.max_tokens)
+    hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
+    tally = Tally()
+    ring = Ring(str(model_dir), args.peers, workdir, key=KEY, token=secrets.token_urlsafe(12), clients=args.clients,
+                serve_args=args.serve_args)
+    try:
+        ring.start()
+        model = ring.health()["model"]
+        asyncio.run(soak(args, ring, refs, hidden, model, tally))
+    except (RuntimeError, TimeoutError, ExceptionGroup) as e:
+        tally.note(f"the soak stopped early: {type(e).__name__}: {e}")
+        tally.lost += 1  # whatever was under way; the notes say why
+    finally:
+        ring.close()
+        tally.tracebacks = count_tracebacks(ring)
+    summary = tally.summary(args.rss_bound_mb)
+    (workdir / "soak.json").write_text(tally.json(args.rss_bound_mb))
+    print(tally.table(args.rss_bound_mb))
+    for line in tally.notes:
+        print("  " + line)
+    print(f"JSON: {workdir / 'soak.json'}")
+    print("FAILED: " + "; ".join(summary["failures"]) if summary["failures"] else "PASSED")
+    return 1 if summary["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
