@@ -78,7 +78,7 @@ async def soak(args, ring: Ring, refs: dict, hidden: int, model: str, tally: Tal
             tg.create_task(progress())
             watch = tg.create_task(faults.watch(deadline + GRACE_S))
             tg.create_task(faults.run(deadline))
-            tg.create_task(ring_fuzz.run(ring, hidden, deadline, args.frames_per_s, tally, seed=args.seed + 1))
+            tg.create_task(ring_fuzz.run(ring, hidden, deadline, args.frames_per_s, tally, faults, seed=args.seed + 1))
             tg.create_task(http_fuzz.run(ring.http_port, KEY, model, deadline, args.http_per_s, tally,
                                          seed=args.seed + 2))
             clients = [tg.create_task(client_loop(i, ring.url, KEY, model, refs, args.max_tokens, deadline,

@@ -12,6 +12,7 @@ from .ring import Ring
 from .tally import Tally
 
 DEAD_AFTER_S = 4.0  # the host's limit for a silent member (peers/options.py, HostOptions.dead_after_s)
+RECOVERY_GRACE_S = 5  # no fault this close to the end: the last requests see it recovered from
 RECOVERY_LIMIT_S = 300  # a ring not whole again by then is noted (the load's requests say the rest)
 
 
@@ -31,25 +32,40 @@ class Faults:
             self.tally.note(f"the ring was not whole again {RECOVERY_LIMIT_S} s after a fault")
 
     async def run(self, deadline: float) -> None:
-        n = 0
-        while time.monotonic() + self.every_s < deadline:
-            await asyncio.sleep(self.every_s)
-            n += 1
-            m = self.rng.choice(self.ring.members)
-            if not m.alive():
-                continue
-            window = [time.monotonic(), None]
-            self.windows.append(window)
-            if n % 4 == 0:  # a stop past the heartbeat limit: the host loses it, then it comes back by itself
-                m.signal(signal.SIGSTOP)
-                self.tally.stopped += 1
-                await asyncio.sleep(DEAD_AFTER_S + 2)
-                m.signal(signal.SIGCONT)
-            else:
-                await asyncio.to_thread(m.kill)
-                self.tally.killed += 1
-                m.start()
-            await self._recovered(window)
+        """A kill every `every_s` (on the tick, or once the ring is whole again if it is not yet); between the
+        first and second kills, and every fourth period after, a stop too. One fault at a time."""
+        start, lock = time.monotonic(), asyncio.Lock()
+
+        async def on_ticks(first: float, period: float, fault) -> None:
+            tick = start + first
+            while tick + RECOVERY_GRACE_S < deadline:
+                await asyncio.sleep(max(tick - time.monotonic(), 0))
+                async with lock:
+                    if time.monotonic() + RECOVERY_GRACE_S < deadline:
+                        await fault(self.rng.choice(self.ring.members))
+                tick += period
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(on_ticks(self.every_s, self.every_s, self.kill))
+            tg.create_task(on_ticks(1.5 * self.every_s, 4 * self.every_s, self.stop))
+
+    async def kill(self, m) -> None:
+        window = [time.monotonic(), None]
+        self.windows.append(window)
+        await asyncio.to_thread(m.kill)
+        self.tally.killed += 1
+        m.start()  # its same command
+        await self._recovered(window)
+
+    async def stop(self, m) -> None:
+        """Past the heartbeat limit: the host loses it; continued, it joins again by itself (--stay)."""
+        window = [time.monotonic(), None]
+        self.windows.append(window)
+        m.signal(signal.SIGSTOP)
+        self.tally.stopped += 1
+        await asyncio.sleep(DEAD_AFTER_S + 2)
+        m.signal(signal.SIGCONT)
+        await self._recovered(window)
 
     async def watch(self, deadline: float) -> None:
         """Exits nobody asked for (a member is started again; the host's ends the soak), and re-plans."""

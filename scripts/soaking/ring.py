@@ -161,6 +161,7 @@ class Ring:
             return []
 
     def close(self) -> None:
-        for p in reversed(self.procs):
+        """The host first (its members, joined with --stay, would wait for it to come back), then its members."""
+        for p in self.procs:
             p.end()
         self.http.close()

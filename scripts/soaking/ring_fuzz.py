@@ -136,13 +136,16 @@ async def authenticate(addr: str, token: str):
     return reader, writer
 
 
-def hung(tally: Tally, what: str) -> None:
+def hung(tally: Tally, faults, since: float, what: str) -> None:
+    """A bad connection held open, unless a fault was under way meanwhile (a stopped member answers nobody)."""
+    if faults.overlapped(since, time.monotonic()):
+        return
     tally.ring_held += 1
     tally.note(f"{what} was not hung up on within {HANG_UP_S:.0f} s")
 
 
-async def stranger(addr: str, rng: random.Random, tally: Tally) -> None:
-    data, leave = garbage(rng)
+async def stranger(addr: str, rng: random.Random, tally: Tally, faults) -> None:
+    data, leave, since = *garbage(rng), time.monotonic()
     host, port = addr.rsplit(":", 1)
     try:
         reader, writer = await asyncio.open_connection(host, int(port))
@@ -156,7 +159,7 @@ async def stranger(addr: str, rng: random.Random, tally: Tally) -> None:
         if not leave:
             said, closed = await read_until_closed(reader, HANG_UP_S)
             if not closed:
-                hung(tally, f"garbage to {addr}")
+                hung(tally, faults, since, f"garbage to {addr}")
             elif len(said) > 1 or any(m.get("t") != "error" for m in said):
                 if not (said and said[0].get("t") == "challenge"):  # a hello: challenged, then dropped
                     tally.note(f"garbage to {addr} was answered {said[:2]}")
@@ -166,14 +169,16 @@ async def stranger(addr: str, rng: random.Random, tally: Tally) -> None:
         writer.close()
 
 
-async def member(addr: str, token: str, hidden: int, epoch: int, rng: random.Random, tally: Tally,
+async def member(addr: str, token: str, hidden: int, epoch: int, rng: random.Random, tally: Tally, faults,
                  burst: int) -> None:
     """Up to `burst` bad frames on one authenticated link (one is enough to be hung up on, mostly), then a
     frame of no known type, which must be."""
+    since = time.monotonic()
     try:
-        reader, writer = await authenticate(addr, token)
-    except (OSError, ConnectionError, KeyError, wire.WireError):
-        return  # a member restarting, or the port gone
+        async with asyncio.timeout(HANG_UP_S):
+            reader, writer = await authenticate(addr, token)
+    except (OSError, ConnectionError, KeyError, TypeError, wire.WireError, TimeoutError):
+        return  # a member restarting or stopped, or the port gone
     tally.connections += 1
     try:
         for _ in range(burst):
@@ -186,14 +191,14 @@ async def member(addr: str, token: str, hidden: int, epoch: int, rng: random.Ran
         await writer.drain()
         _, closed = await read_until_closed(reader, HANG_UP_S)
         if not closed:
-            hung(tally, f"an authenticated member's bad frames to {addr}")
+            hung(tally, faults, since, f"an authenticated member's bad frames to {addr}")
     except (ConnectionError, OSError):
         pass
     finally:
         writer.close()
 
 
-async def run(ring: Ring, hidden: int, deadline: float, rate: float, tally: Tally, seed: int = 1) -> None:
+async def run(ring: Ring, hidden: int, deadline: float, rate: float, tally: Tally, faults, seed: int = 1) -> None:
     """About `rate` bad frames a second, half from strangers and half from a member holding the token, spread
     over the host's ring port and every ready member's; a few connections at a time."""
     rng = random.Random(seed)
@@ -213,8 +218,8 @@ async def run(ring: Ring, hidden: int, deadline: float, rate: float, tally: Tall
             if len(pending) < 8:
                 addr = rng.choice([ring_addr, *members])
                 if rng.random() < 0.5:
-                    pending.add(tg.create_task(stranger(addr, rng, tally)))
+                    pending.add(tg.create_task(stranger(addr, rng, tally, faults)))
                 else:
-                    pending.add(tg.create_task(member(addr, ring.token, hidden, epoch, rng, tally,
+                    pending.add(tg.create_task(member(addr, ring.token, hidden, epoch, rng, tally, faults,
                                                       burst=rng.choice([1, 1, 4]))))
             await asyncio.sleep(1 / rate)
