@@ -10,6 +10,7 @@ import secrets
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import http_fuzz, ring_fuzz
@@ -44,6 +45,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+T0 = time.monotonic()
+
+
+def say(line: str) -> None:
+    print(f"soak [{time.monotonic() - T0:6.1f} s]: {line}", file=sys.stderr, flush=True)
+
+
 def count_tracebacks(ring: Ring) -> int:
     return sum(p.log.read_text(errors="replace").count("Traceback (most recent call last)") for p in ring.procs
                if p.log.exists())
@@ -55,9 +63,8 @@ async def soak(args, ring: Ring, refs: dict, hidden: int, model: str, tally: Tal
     await asyncio.gather(*(client_loop(i, ring.url, KEY, model, {p: refs[p]}, args.max_tokens, 0, args.hang_s,
                                        tally, faults, once=True) for i, p in enumerate(refs)))
     tally.rss_mb["start"] = rss_mb(ring.host.pid)
-    print(f"soak: {len(refs)} first answers {'exact' if tally.exact == len(refs) else 'NOT all exact'}; "
-          f"host RSS {tally.rss_mb['start']:.0f} MiB; {args.minutes:g} minutes of load, faults and fuzzing begin",
-          file=sys.stderr, flush=True)
+    say(f"{len(refs)} first answers {'exact' if tally.exact == len(refs) else 'NOT all exact'}; host RSS "
+        f"{tally.rss_mb['start']:.0f} MiB; {args.minutes:g} minutes of load, faults and fuzzing begin")
     start = time.monotonic()
     deadline = start + args.minutes * 60
 
@@ -68,14 +75,13 @@ async def soak(args, ring: Ring, refs: dict, hidden: int, model: str, tally: Tal
     async def progress():
         while time.monotonic() < deadline:
             await asyncio.sleep(60)
-            print(f"soak: {(time.monotonic() - start) / 60:.0f} min: {tally.exact} exact, {tally.wrong} wrong, "
-                  f"{tally.lost} lost, {sum(tally.errors.values())} errors, {tally.killed} killed, "
-                  f"{tally.frames} frames, {tally.http_bad} bad HTTP", file=sys.stderr, flush=True)
+            say(f"{(time.monotonic() - start) / 60:.0f} min: {tally.exact} exact, {tally.wrong} wrong, "
+                f"{tally.lost} lost, {sum(tally.errors.values())} errors, {tally.killed} killed, "
+                f"{tally.stopped} stopped, {tally.frames} frames, {tally.http_bad} bad HTTP")
 
     async with asyncio.timeout(args.minutes * 60 + GRACE_S):
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(middle())
-            tg.create_task(progress())
+            timers = [tg.create_task(middle()), tg.create_task(progress())]
             watch = tg.create_task(faults.watch(deadline + GRACE_S))
             tg.create_task(faults.run(deadline))
             tg.create_task(ring_fuzz.run(ring, hidden, deadline, args.frames_per_s, tally, faults, seed=args.seed + 1))
@@ -84,7 +90,9 @@ async def soak(args, ring: Ring, refs: dict, hidden: int, model: str, tally: Tal
             clients = [tg.create_task(client_loop(i, ring.url, KEY, model, refs, args.max_tokens, deadline,
                                                   args.hang_s, tally, faults)) for i in range(args.clients)]
             await asyncio.gather(*clients)
-            watch.cancel()
+            say("the load is done")
+            for t in (watch, *timers):
+                t.cancel()
     await asyncio.to_thread(ring.wait_ready, 60)
     tally.rss_mb["end"] = rss_mb(ring.host.pid)
 
@@ -96,22 +104,33 @@ def main(argv: list[str]) -> int:
     model_dir = resolve(args.model, say=lambda *a: None)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="soak-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"soak: references of {model_dir.name} with plain transformers; logs in {workdir}", file=sys.stderr,
-          flush=True)
-    refs = references(str(model_dir), args.max_tokens)
-    hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
-    tally = Tally()
-    ring = Ring(str(model_dir), args.peers, workdir, key=KEY, token=secrets.token_urlsafe(12), clients=args.clients,
-                serve_args=args.serve_args)
+    say(f"references of {model_dir.name} with plain transformers; logs in {workdir}")
+    with ThreadPoolExecutor(1) as pool:  # while the ring comes up
+        refs = pool.submit(references, str(model_dir), args.max_tokens)
+        hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
+        tally = Tally()
+        ring = Ring(str(model_dir), args.peers, workdir, key=KEY, token=secrets.token_urlsafe(12), clients=args.clients,
+                    serve_args=args.serve_args)
+        try:
+            ring.start()
+            say("the ring is up")
+            refs = refs.result()
+        except BaseException as e:
+            ring.close()
+            if isinstance(e, RuntimeError):  # a ring that did not come up: its logs say why
+                say(str(e))
+                return 1
+            raise
     try:
-        ring.start()
         model = ring.health()["model"]
         asyncio.run(soak(args, ring, refs, hidden, model, tally))
     except (RuntimeError, TimeoutError, ExceptionGroup) as e:
         tally.note(f"the soak stopped early: {type(e).__name__}: {e}")
         tally.lost += 1  # whatever was under way; the notes say why
     finally:
+        say("closing the ring")
         ring.close()
+        say("closed")
         tally.tracebacks = count_tracebacks(ring)
     summary = tally.summary(args.rss_bound_mb)
     (workdir / "soak.json").write_text(tally.json(args.rss_bound_mb))
