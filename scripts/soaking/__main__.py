@@ -132,6 +132,13 @@ def main(argv: list[str]) -> int:
         ring.close()
         say("closed")
         tally.tracebacks = count_tracebacks(ring)
+        tally.exit_codes = {p.name: p.popen.returncode for p in ring.procs if p.popen is not None}
+        if tally.exit_codes.get("host") not in (0, 130, None):  # 130: stopped by its Ctrl+C, as asked
+            tally.crashes += 1
+            tally.note(f"the host exited with {tally.exit_codes['host']} when asked to stop (Ctrl+C)")
+    tally.config = {"argv": argv, "model": model_dir.name, "minutes": args.minutes, "peers": args.peers,
+                    "clients": args.clients, "fault_every_s": args.fault_every, "max_tokens": args.max_tokens,
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     summary = tally.summary(args.rss_bound_mb)
     (workdir / "soak.json").write_text(tally.json(args.rss_bound_mb))
     print(tally.table(args.rss_bound_mb))

@@ -33,6 +33,8 @@ class Tally:
     crashes: int = 0
     tracebacks: int = 0  # in the logs of the host and its members
     rss_mb: dict = field(default_factory=dict)  # host RSS: start, middle, end
+    exit_codes: dict = field(default_factory=dict)  # each process's, once stopped at the end
+    config: dict = field(default_factory=dict)  # how the soak was run
     notes: list = field(default_factory=list)  # one line per problem, for the report
 
     def note(self, line: str) -> None:
