@@ -26,7 +26,8 @@ def bad_body(rng: random.Random, model: str) -> bytes:
     good = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
     wrong = rng.choice([
         {"messages": "hi"}, {"messages": []}, {"messages": [{"role": "wizard", "content": "x"}]},
-        {"messages": [{"role": "user", "content": 5}]}, {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+        {"messages": [{"role": "user", "content": 5}]},
+        {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
         {"max_tokens": -1}, {"max_tokens": "many"}, {"temperature": "hot"}, {"temperature": 1e9},
         {"top_p": -2}, {"model": "no-such-model"}, {"stop": ["a", "b", "c", "d", "e"]}, {"stream": "yes"},
         {"messages": [{"role": "user", "content": "x" * 200000}]}, {"seed": 1.5}, {"n": 3},
