@@ -3,7 +3,6 @@ same command, watched for exits nobody asked for."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -75,13 +74,17 @@ class Proc:
         self.signal(signal.SIGKILL)
         self.popen.wait(30)
 
-    def end(self, timeout: float = 20) -> None:
-        """SIGINT, then SIGKILL if it lingers."""
-        if not self.alive():
+    def interrupt(self) -> None:
+        """Ctrl+C, as a person stops it (a stopped one is continued first)."""
+        if self.alive():
+            self.expected_exit = True
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGINT)
+
+    def wait_end(self, timeout: float = 20) -> None:
+        """Its exit, or SIGKILL if it lingers."""
+        if self.popen is None:
             return
-        self.expected_exit = True
-        self.signal(signal.SIGCONT)
-        self.signal(signal.SIGINT)
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -122,7 +125,7 @@ class Ring:
             time.sleep(0.2)
         for m in self.members:
             m.start()
-        while not re.search(r"serving \S+ at http://", self.host.log.read_text()):
+        while not listening(self.http_port):  # serving: its endpoint is open (no log line is relied on)
             for p in self.procs:
                 if not p.alive():
                     raise RuntimeError(f"{p.name} exited while the ring came up: see {p.log}")
@@ -161,7 +164,9 @@ class Ring:
             return []
 
     def close(self) -> None:
-        """The host first (its members, joined with --stay, would wait for it to come back), then its members."""
+        """Every process stopped at once (the host first), so that their exits overlap."""
         for p in self.procs:
-            p.end()
+            p.interrupt()
+        for p in self.procs:
+            p.wait_end()
         self.http.close()
