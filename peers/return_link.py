@@ -30,14 +30,19 @@ class ReturnLink:
             msg = await ch.recv(into=self._landing)
             if msg["t"] not in ("fwd", "fail"):
                 raise wire.WireError(f"unexpected {msg['t']!r} on the return link")
-            waiter = self.waiting.get((msg.get("sid"), msg.get("seq")))
+            waiter = self._waiter(msg)
             if waiter is not None:
                 waiter[0].send_nowait(msg)
+
+    def _waiter(self, msg: dict):
+        """The pass waiting for a returned frame, if any: its sid and seq are whatever a member sent (a list, say)."""
+        sid, seq = msg.get("sid"), msg.get("seq")
+        return self.waiting.get((sid, seq)) if isinstance(sid, str) and isinstance(seq, int) else None
 
     def _landing(self, msg: dict, n: int) -> memoryview:
         """Where the last hop's hidden states land, once checked: in the place their pass keeps for them, if they
         fit it; else a buffer of their own (pinned if they go on to a GPU)."""
-        place = self.waiting.get((msg.get("sid"), msg.get("seq")), (None, None))[1]
+        place = (self._waiter(msg) or (None, None))[1]
         return validate.landing(msg, n, self.host.config.hidden_size, device.pinned(self.host.device), place)
 
     async def round_trip(self, frame: dict, n_positions: int, sent: list, place: torch.Tensor | None = None) -> dict:

@@ -26,7 +26,12 @@ async def join_ring(opts: JoinOptions, say, on_change=None) -> str:
             say(f"cannot serve: {e}; joining again in {opts.retry_s:.0f} s (--stay; Ctrl+C ends)")
             await trio.sleep(opts.retry_s)
             continue
-        except (ChannelClosed, OSError) as e:
+        except (ChannelClosed, OSError, BaseExceptionGroup) as e:
+            if isinstance(e, BaseExceptionGroup):  # a broken link seen inside a nursery (a pong on a closed socket)
+                if e.split((ChannelClosed, OSError))[1] is not None:
+                    raise
+                while isinstance(e, BaseExceptionGroup):
+                    e = e.exceptions[0]
             if not (opts.stay and peer.st.state != "connecting"):
                 raise
             gone = f"lost the host ({e})"

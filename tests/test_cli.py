@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -203,6 +204,40 @@ def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay, 
         assert err.count("the host closed the ring; waiting for it to come back") == 2, err
     else:
         assert joiner.returncode == 0 and err.strip().endswith("sfchat join: the host closed the ring"), err
+
+
+def test_a_stay_joiner_stopped_past_the_heartbeat_limit_joins_again(tiny_llama, tmp_path):
+    """Stopped until the host loses it, then continued: its link breaks under its first pongs (inside trio's
+    exception group), and with --stay it joins again instead of exiting."""
+    import trio
+
+    port, log = free_port(), tmp_path / "join.log"
+
+    async def main():
+        async with running_ring(tiny_llama, 0, listen=f"127.0.0.1:{port}", token="tok-from-env") as (host, _):
+            with open(log, "w") as err:
+                joiner = subprocess.Popen(
+                    [sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--model", str(tiny_llama),
+                     "--headless", "--listen", "127.0.0.1:0", "--stay"], stderr=err, cwd=ROOT,
+                    env=child_env(SFCHAT_TOKEN="tok-from-env"))
+            try:
+                await host.wait_members(1, timeout=120)
+                joiner.send_signal(signal.SIGSTOP)
+                with trio.fail_after(30):
+                    while host.members[0].state != "lost":
+                        await trio.sleep(0.2)
+                await trio.sleep(2)  # pings queue up on a link the host has closed
+                joiner.send_signal(signal.SIGCONT)
+                with trio.fail_after(60):  # the same process, a second member
+                    while not (len(host.members) == 2 and host.members[1].state != "lost"):
+                        assert joiner.poll() is None, log.read_text()
+                        await trio.sleep(0.2)
+            finally:
+                joiner.send_signal(signal.SIGCONT)
+                joiner.kill()
+                joiner.wait()
+
+    trio.run(main)
 
 
 def run_in_pty(argv: list[str], env: dict, timeout: float = 120) -> tuple[int, str]:

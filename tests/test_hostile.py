@@ -114,3 +114,25 @@ def test_live_host_and_peer_survive_hostile_input(tiny_llama, monkeypatch):
             return await greedy_reply(host, PROMPT, 16)
 
     assert trio.run(main) == reference_ids(tiny_llama, PROMPT, 16)
+
+
+def test_return_link_refuses_keys_that_cannot_be_keys(tiny_llama):
+    """A member's frame on the host's return link whose sid or seq is a list (unhashable) gets a one-line error,
+    not an internal TypeError from looking it up among the passes waiting."""
+
+    async def main():
+        async with running_ring(tiny_llama, 0) as (host, _):
+            said = []
+            for msg in ({"t": "fwd", "epoch": host.epoch, "sid": ["a"], "seq": 0, "committed": 0, "n_logits": 1,
+                         "trace": []} | hidden((1, 1, host.config.hidden_size)),
+                        {"t": "fail", "sid": "x", "seq": [0], "error": "?"}):
+                ch = Channel(await trio.open_tcp_stream(*parse_addr(host.address)), "evil")
+                await client_handshake(ch, host.token, "data")
+                await ch.send(msg)
+                await ch.send({"t": "who-knows"})  # ignored or not, the link ends here
+                said.append((await ch.recv(timeout=10))["error"])
+                await ch.aclose()
+            return said
+
+    said = trio.run(main)
+    assert not any("internal error" in e for e in said), said

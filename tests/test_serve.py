@@ -158,6 +158,22 @@ def test_hostile_bodies_leave_other_answers_alone(server, tiny_llama):
     assert codes == [400, 400, 413, 400, 400, 400]
 
 
+def test_a_body_cut_short_is_no_server_error(server):
+    """A client that hangs up before its body is complete is nobody's error: no 500, no traceback in the log."""
+    import socket
+    import time
+
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n").encode()
+    url = httpx.URL(server.url)
+    with socket.create_connection((url.host, url.port)) as s:
+        s.sendall(head + b'{"model": ')
+    for _ in range(30):  # the server sees the hang-up within moments
+        assert "Traceback" not in server.log.read_text(), server.log.read_text()[-3000:]
+        time.sleep(0.1)
+    assert server.health()["status"] == "ok"
+
+
 def test_disconnect_cancels_and_frees_every_member(server, tiny_llama):
     """Greedy, so the answer is the same every run: this tiny model does not end it before 400 tokens."""
     c = client(server)

@@ -5,7 +5,7 @@ import logging
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -85,6 +85,11 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
             return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}"))
         return error_response(ApiError(e.status_code, e.detail or "error"))
 
+    async def gone(request: Request, e: ClientDisconnect):
+        """A client that hung up mid-body: nobody is left to answer, and nothing went wrong here."""
+        log.info("a client hung up before its request's body was complete")
+        return error_response(ApiError(400, "the request's body ended early"))
+
     async def server_error(request: Request, e: Exception):
         log.exception("request failed")
         return error_response(ApiError(500, f"internal error: {type(e).__name__}"))
@@ -92,4 +97,5 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
     return Starlette(routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
                              Route("/v1/models", models, methods=["GET"]),
                              Route("/health", health, methods=["GET"])],
-                     exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error})
+                     exception_handlers={ApiError: api_error, HTTPException: http_error, ClientDisconnect: gone,
+                                         Exception: server_error})

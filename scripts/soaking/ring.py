@@ -1,0 +1,172 @@
+"""The ring under test as real processes: `sfchat serve` and N `sfchat join` members, each restartable with its
+same command, watched for exits nobody asked for."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Proc:
+    name: str
+    cmd: list[str]
+    env: dict
+    log: Path
+    popen: subprocess.Popen | None = None
+    expected_exit: bool = False  # we killed it
+    starts: int = 0
+    exits: list = field(default_factory=list)
+
+    def start(self) -> None:
+        self.starts += 1
+        with open(self.log, "a") as out:
+            out.write(f"\n=== soak: start {self.starts} at {time.strftime('%H:%M:%S')}\n")
+            out.flush()
+            self.popen = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=self.env, cwd=ROOT)
+        self.expected_exit = False
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.popen.pid, sig)
+
+    def kill(self) -> None:
+        self.expected_exit = True
+        self.signal(signal.SIGKILL)
+        self.popen.wait(30)
+
+    def interrupt(self) -> None:
+        """Ctrl+C, as a person stops it (a stopped one is continued first)."""
+        if self.alive():
+            self.expected_exit = True
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGINT)
+
+    def wait_end(self, timeout: float = 20) -> None:
+        """Its exit, or SIGKILL if it lingers."""
+        if self.popen is None:
+            return
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+class Ring:
+    """serve on 127.0.0.1 with its ring port and HTTP port, and `peers` members joined to it."""
+
+    def __init__(self, model: str, peers: int, workdir: Path, *, key: str, token: str, clients: int,
+                 serve_args: list[str]):
+        self.http_port, self.ring_port = free_port(), free_port()
+        self.key, self.token, self.workdir = key, token, workdir
+        env = dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_TOKEN=token, PYTHONUNBUFFERED="1")
+        py = [sys.executable, "-m", "sfchat"]
+        self.host = Proc("host", [*py, "serve", "--model", model, "--listen", f"127.0.0.1:{self.http_port}",
+                                  "--ring-listen", f"127.0.0.1:{self.ring_port}", "--token", token,
+                                  "--api-key", key, "--wait-peers", str(peers), "--max-conversations", str(clients),
+                                  "--keep-alive-s", "1", *serve_args], env, workdir / "host.log")
+        self.members = [Proc(f"soak-{chr(97 + i)}", [*py, "join", f"127.0.0.1:{self.ring_port}", "--headless",
+                                                        "--stay", "--retry-s", "2", "--name", f"soak-{chr(97 + i)}",
+                                                        "--listen", "127.0.0.1:0", "--model", model],
+                             env, workdir / f"member-{i + 1}.log") for i in range(peers)]
+        self.url = f"http://127.0.0.1:{self.http_port}"
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+
+    @property
+    def procs(self) -> list[Proc]:
+        return [self.host, *self.members]
+
+    def start(self, timeout: float = 600) -> None:
+        self.host.start()
+        deadline = time.monotonic() + timeout
+        while not listening(self.ring_port):  # members that dial too early give up
+            if not self.host.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the host did not open its ring port: see {self.host.log}")
+            time.sleep(0.2)
+        for m in self.members:
+            m.start()
+        while not listening(self.http_port):  # serving: its endpoint is open (no log line is relied on)
+            for p in self.procs:
+                if not p.alive():
+                    raise RuntimeError(f"{p.name} exited while the ring came up: see {p.log}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the ring was not up in {timeout:.0f} s: see {self.host.log}")
+            time.sleep(0.2)
+        self.wait_ready(timeout)
+
+    def health(self) -> dict:
+        return self.http.get("/health").json()
+
+    def ready(self) -> bool:
+        """Every member holds layers and is ready, and no re-plan is under way."""
+        try:
+            h = self.health()
+        except (httpx.HTTPError, ValueError):
+            return False
+        members = h.get("members", [])[1:]
+        ready = [m for m in members if m["state"] == "ready" and m["layers"] not in ("", "none")]
+        return h["status"] == "ok" and len(ready) == len(self.members)
+
+    def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready():
+                return True
+            time.sleep(0.25)
+        return False
+
+    def data_addresses(self) -> list[str]:
+        """The ring ports of the members now ready (the host's own is ring_port)."""
+        try:
+            return [m["address"] for m in self.health().get("members", [])[1:]
+                    if m["state"] == "ready" and m.get("address")]
+        except (httpx.HTTPError, ValueError):
+            return []
+
+    def close(self) -> None:
+        """Every process stopped at once (the host first), so that their exits overlap."""
+        for p in self.procs:
+            p.interrupt()
+        for p in self.procs:
+            p.wait_end()
+        self.http.close()

@@ -1,0 +1,106 @@
+"""What the soak counts, the table and JSON it ends with, and its verdict."""
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Tally:
+    # requests
+    sent: int = 0  # attempts, retries included
+    exact: int = 0
+    wrong: int = 0
+    errors: Counter = field(default_factory=Counter)  # a proper OpenAI error, by HTTP status (then retried)
+    lost: int = 0  # silence, a hang, a connection dropped without an error, a stream cut short
+    latency_s: list = field(default_factory=list)  # (seconds, a fault overlapped it) per answered request
+    # members
+    killed: int = 0
+    stopped: int = 0
+    cut: int = 0
+    replans: int = 0
+    # bad input
+    frames: int = 0
+    frames_authenticated: int = 0
+    connections: int = 0
+    ring_held: int = 0  # bad ring connections not hung up on in time
+    http_bad: int = 0
+    http_improper: int = 0  # a complete bad request not answered with an OpenAI error
+    disconnects: int = 0  # clients gone mid-stream
+    # processes
+    crashes: int = 0
+    tracebacks: int = 0  # in the logs of the host and its members
+    rss_mb: dict = field(default_factory=dict)  # host RSS: start, middle, end
+    exit_codes: dict = field(default_factory=dict)  # each process's, once stopped at the end
+    config: dict = field(default_factory=dict)  # how the soak was run
+    notes: list = field(default_factory=list)  # one line per problem, for the report
+
+    def note(self, line: str) -> None:
+        if len(self.notes) < 200:
+            self.notes.append(line)
+
+    def percentiles(self, faulted: bool) -> dict:
+        xs = sorted(s for s, f in self.latency_s if f == faulted)
+        if not xs:
+            return {"n": 0, "p50_s": None, "p99_s": None}
+        return {"n": len(xs), "p50_s": round(statistics.median(xs), 3),
+                "p99_s": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 3)}
+
+    def summary(self, rss_bound_mb: float) -> dict:
+        d = asdict(self)
+        d["errors"] = {str(k): v for k, v in sorted(self.errors.items(), key=str)}
+        del d["latency_s"]
+        d["latency"] = {"without_faults": self.percentiles(False), "with_faults": self.percentiles(True)}
+        d["rss_bound_mb"] = rss_bound_mb
+        d["failures"] = self.failures(rss_bound_mb)
+        return d
+
+    def failures(self, rss_bound_mb: float) -> list[str]:
+        out = []
+        if self.wrong:
+            out.append(f"{self.wrong} answers wrong")
+        if self.lost:
+            out.append(f"{self.lost} requests lost")
+        if self.crashes:
+            out.append(f"{self.crashes} process crashes")
+        if self.tracebacks:
+            out.append(f"{self.tracebacks} tracebacks in the logs")
+        if self.ring_held:
+            out.append(f"{self.ring_held} bad ring connections held open")
+        if self.http_improper:
+            out.append(f"{self.http_improper} bad HTTP requests not answered with an OpenAI error")
+        if not self.exact:
+            out.append("no request answered")
+        grew = self.rss_mb.get("end", 0) - self.rss_mb.get("start", 0)
+        if grew > rss_bound_mb:
+            out.append(f"host RSS grew {grew:.0f} MiB (bound {rss_bound_mb:.0f} MiB)")
+        return out
+
+    def table(self, rss_bound_mb: float) -> str:
+        s = self.summary(rss_bound_mb)
+        errs = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"
+        lat = s["latency"]
+
+        def p(x):
+            return f"p50 {x['p50_s']} s, p99 {x['p99_s']} s ({x['n']})" if x["n"] else "none"
+
+        rss = self.rss_mb
+        rows = [
+            ("requests", f"{self.sent} sent, {self.exact} answered exact, {self.wrong} answered wrong, "
+                         f"errors ({errs}), {self.lost} lost"),
+            ("members", f"{self.killed} killed, {self.stopped} stopped, {self.cut} links cut, {self.replans} re-plans"),
+            ("bad input", f"{self.frames} frames ({self.frames_authenticated} from an authenticated member), "
+                          f"{self.connections} connections ({self.ring_held} held open), {self.http_bad} HTTP requests "
+                          f"({self.http_improper} answered improperly), {self.disconnects} clients gone mid-stream"),
+            ("processes", f"{self.crashes} crashes, {self.tracebacks} tracebacks in the logs"),
+            ("host", f"RSS at start {rss.get('start', 0):.0f} MiB, middle {rss.get('middle', 0):.0f} MiB, "
+                     f"end {rss.get('end', 0):.0f} MiB (bound: +{rss_bound_mb:.0f} MiB)"),
+            ("latency", f"without faults {p(lat['without_faults'])}; with faults {p(lat['with_faults'])}"),
+        ]
+        lines = ["| what | counted |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
+        return "\n".join(lines)
+
+    def json(self, rss_bound_mb: float) -> str:
+        return json.dumps(self.summary(rss_bound_mb), indent=1)
