@@ -98,7 +98,8 @@ def ring_options(args, s: Settings | None = None) -> RingOptions:
     host = HostOptions(model=a.get("model") or (s.model if s else None) or None, token=a.get("token"),
                        listen=a.get("listen") or "127.0.0.1:0", device=a.get("device"),
                        dtype=a.get("dtype", "auto"), quant=a.get("quant", "none"), tls=bool(a.get("tls")),
-                       relay=a.get("relay"), max_context=a.get("max_context"), graphs=not a.get("no_graphs"))
+                       relay=a.get("relay"), max_context=a.get("max_context"), graphs=not a.get("no_graphs"),
+                       offer_gb=a.get("offer_gb"))
     serve = None
     if a.get("serve"):
         serve = ServeOptions(a["serve"], api_key=a.get("api_key"), insecure_no_key=bool(a.get("insecure_no_key")),

@@ -14,6 +14,7 @@ import trio
 
 from peers.adaptive import KPolicy
 from peers.chat import Chat
+from peers.errors import RingError
 
 from . import settings as settings_mod
 from . import invite, store
@@ -96,7 +97,7 @@ async def _repl(opts: RingOptions, lines: Lines) -> int:
     host = build_host(opts, on_change=watch)
     host.say = lines.say
     watch.host = host
-    async with open_ring(opts, host=host) as ring:
+    async with open_ring(opts, host=host, stay=True) as ring:
         lines.say(f"sfchat host on {invite.listening(host)}. On each other machine run:\n"
                   f"  {invite_for(opts, host)}")
         lines.say("Type a prompt, or /help.")
@@ -138,7 +139,7 @@ class HeadlessChat:
             _, result = await self.chat.reply(text, drafter=self.drafter, params=answer.sampling(), policy=self.policy,
                                               max_new_tokens=answer.max_new_tokens,
                                               on_text=lambda d: (sys.stdout.write(d), sys.stdout.flush()))
-        except ValueError as e:
+        except (ValueError, RingError) as e:  # past the context; a ring that cannot answer now
             lines.end()
             lines.say(f"refused: {e}")
             return

@@ -172,7 +172,7 @@ class Engine(Worker):
         host.say = self._say  # its progress lines go to the status line, not to a terminal Textual owns
         if opts.local_peers:
             self._say(f"starting {opts.local_peers} local peer(s)…")
-        async with open_ring(opts, host=host, announce=False) as ring:
+        async with open_ring(opts, host=host, announce=False, stay=True) as ring:
             self.ring = ring
             self.chat = Chat(host, ring.tokenizer, ring.eos, messages=self._first_messages)
             self.policy = KPolicy()
