@@ -22,6 +22,14 @@ def state_cell(state: str) -> Content:
     return Content.styled(state, STATE_STYLES.get(state, ""))
 
 
+def by_layers(members: list[dict]) -> list[dict]:
+    """In pass order: by the first layer each holds ("10-19": 10); members without layers after, as they came."""
+    def first(m: dict) -> float:
+        head = (m.get("layers") or "").partition("-")[0]
+        return int(head) if head.isdigit() else float("inf")
+    return sorted(members, key=first)
+
+
 def fit_command(command: str, width: int) -> str:
     """The invite command in `width` columns: whole where it fits, else with the TLS fingerprint shortened to its
     ends (enough to compare by eye; Ctrl+T copies it whole)."""
@@ -72,8 +80,8 @@ class RingPanel(Vertical):
         table = self.query_one(DataTable)
         rows = {str(m["id"]): (m["name"], m["address"], m["layers"] or "—", m["device"], size(m["memory_bytes"]),
                                size(m.get("peak_memory_bytes")), ms(m["rtt_ms"]), state_cell(m["state"]))
-                for m in members}
-        if list(rows) != [key.value for key in table.rows]:  # members came or went: rebuild
+                for m in by_layers(members)}
+        if list(rows) != [key.value for key in table.rows]:  # members came, went or moved: rebuild
             table.clear()
             for key, cells in rows.items():
                 table.add_row(*cells, key=key)
