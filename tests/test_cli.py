@@ -164,8 +164,14 @@ def test_local_peers_run_the_installed_sfchat_whatever_folder_they_start_in(tiny
                         "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "3", "--draft", "none"],
                        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    members = json.loads(p.stdout.splitlines()[-1])["stats"]["members"]
+    out = json.loads(p.stdout.splitlines()[-1])
+    members = out["stats"]["members"]
     assert [(m["name"], m["state"]) for m in members] == [("host", "ready"), ("local-a", "ready")], p.stdout
+    # every field it wrote has its row in docs/json.md, which the README links
+    doc = (ROOT / "docs" / "json.md").read_text()
+    fields = {*out, *out["stats"], *members[0], *out["stats"]["per_round"][0]}
+    assert [f for f in sorted(fields) if f"| `{f}` |" not in doc] == []
+    assert "(docs/json.md)" in (ROOT / "README.md").read_text()
 
 
 def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):
