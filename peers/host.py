@@ -18,7 +18,7 @@ from . import checkpoint, device, links, models, tensors, validate, wire
 from .batcher import Batcher, Round
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr, peername
-from .errors import FitError, RingError
+from .errors import FitError, MemberLeft, RingError
 from .fingerprint import config_fingerprint
 from .memory import default_device, pick_dtype, reset_peak, usage
 from .membership import Member, Roster, downloading
@@ -448,6 +448,8 @@ class Host:
             with trio.move_on_after(0.1):
                 return await recv.receive()
             lost = [m for m in self.ring if m.state == "lost"]
+            if lost and lost[0].left:
+                raise MemberLeft(f"member {lost[0].id} ({lost[0].name}) left")
             if lost:
                 raise RingError(f"member {lost[0].id} ({lost[0].name}) was lost: {lost[0].error}")
         raise trio.TooSlowError

@@ -55,7 +55,7 @@ class Peer:
         self.listen, self.advertise, self.quant = opts.listen, opts.advertise, opts.quant
         self.device = opts.device or default_device()
         self.dtype = pick_dtype(opts.dtype, self.device)  # each member its own; hidden states convert at each hop
-        self.offer_gb, self.name, self.graphs = opts.offer_gb, opts.name, opts.graphs
+        self.offer_gb, self.name, self.graphs, self.key = opts.offer_gb, opts.name, opts.graphs, opts.key
         self.relay = links.relay_of(opts.address, opts.relay)  # also reachable through it, if any
         self.tls_pin = opts.tls_pin  # the host's certificate fingerprint from the invite: the ring uses TLS
         self.tls = TLSEndpoint(bool(opts.tls_pin), f"peer-{opts.name}")
@@ -93,7 +93,7 @@ class Peer:
             await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
                             "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant,
                             "rss_bytes": rss_bytes(), "tls_fingerprint": self.tls.fingerprint,
-                            "compute": device.compute_id(self.device)})
+                            "compute": device.compute_id(self.device), "key": self.key})
             log.info("joined %s as %s; data port %d", self.host_addr, self.name, my_port)
             self._changed(state="joined")
             task_status.started(my_port)
@@ -102,6 +102,10 @@ class Peer:
             except ChannelClosed:
                 if self.cannot_serve is None:
                     raise
+            except KeyboardInterrupt:  # stopped by its user (Ctrl+C): the host hears it left, not that it failed
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await ctl.send({"t": "bye"})
+                raise
             finally:
                 nursery.cancel_scope.cancel()
         if self.cannot_serve is not None:
@@ -140,7 +144,8 @@ class Peer:
                 await self._failed(ctl, msg, str(e))
 
     async def _failed(self, ctl: Channel, msg: dict, error: str, **flags) -> None:
-        log.error("cannot take the assignment: %s", error)
+        if not flags.get("leaving"):  # (one that leaves: sfchat join says why, in its last line)
+            log.error("cannot take the assignment: %s", error)
         self._changed(state="failed", error=error)
         try:
             await ctl.send({"t": "fail", "epoch": msg.get("epoch"), "error": error, **flags})

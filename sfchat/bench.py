@@ -406,7 +406,7 @@ async def ring_row(args, ring, mode: str, spec: str | None, rtt_ms: float, promp
                 advance(f"{mode} at {rtt_ms:g} ms: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
             row.runs.append(sample)
         row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes")}
-                       for m in ring.host.members_info() if m["state"] != "lost"]
+                       for m in ring.host.members_info() if m["state"] not in ("lost", "left")]
     except Exception as e:  # noqa: BLE001 - one mode's failure must not lose the others' figures
         row.error = one_line(e)
     finally:

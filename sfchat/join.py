@@ -15,6 +15,7 @@ from .options import JoinOptions
 
 async def join_ring(opts: JoinOptions, say, on_change=None) -> str:
     """Serve the ring; returns why it ended (a normal end). Errors before joining (refused, wrong token) raise."""
+    failed, repeats = "", 0  # why the last join could not serve, and how often in a row: said once, "still" once
     while True:
         peer = Peer(opts.peer, on_change=on_change)
         try:
@@ -23,7 +24,12 @@ async def join_ring(opts: JoinOptions, say, on_change=None) -> str:
         except CannotServe as e:
             if not opts.stay:
                 raise
-            say(f"cannot serve: {e}; joining again in {opts.retry_s:.0f} s (--stay; Ctrl+C ends)")
+            repeats = repeats + 1 if str(e) == failed else 0
+            if repeats == 0:
+                say(f"cannot serve: {e}; joining again in {opts.retry_s:.0f} s (--stay; Ctrl+C ends)")
+            elif repeats == 1:
+                say(f"still cannot serve; joining again every {opts.retry_s:.0f} s (--stay; Ctrl+C ends)")
+            failed = str(e)
             await trio.sleep(opts.retry_s)
             continue
         except (ChannelClosed, OSError) as e:

@@ -6,6 +6,7 @@ default here, in one place. A slash command that changes one setting makes a new
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 from peers.options import HostOptions, PeerOptions
@@ -112,5 +113,5 @@ def join_options(args) -> JoinOptions:
     peer = PeerOptions(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
                        device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb,
                        name=args.name, relay=args.relay, tls_pin=args.tls and check_pin(args.tls),
-                       graphs=not args.no_graphs)
+                       graphs=not args.no_graphs, key=secrets.token_hex(8))
     return JoinOptions(peer, stay=args.stay, retry_s=args.retry_s)

