@@ -73,6 +73,7 @@ class Peer:
         self.base_bytes = 0  # what it used just before it loaded its span
         self.member_id = 0  # the host's number for it (in each assignment)
         self.cannot_serve: CannotServe | None = None  # why it left: its span cannot be had here
+        self.ctl: Channel | None = None  # the control link to the host, once joined
         self.on_change = on_change or (lambda st: None)
         self.bars = on_change is None  # download bars on the terminal, unless the peer screen shows progress
 
@@ -87,7 +88,7 @@ class Peer:
                                               links.member_endpoint(self.host_addr, self.name), default_host="0.0.0.0"))
             my_port, self.advertise = got.port, self.advertise or got.relay_address or None
             stream = await TLSEndpoint.dial(await links.dial(self.host_addr), self.tls_pin)
-            ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # the host pings every second
+            self.ctl = ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # the host pings every second
             await client_handshake(ctl, self.token, "join", name=self.name)
             offer = self.offer_gb * 2**30 if self.offer_gb is not None else free_bytes(self.device)
             await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
@@ -102,14 +103,19 @@ class Peer:
             except ChannelClosed:
                 if self.cannot_serve is None:
                     raise
-            except KeyboardInterrupt:  # stopped by its user (Ctrl+C): the host hears it left, not that it failed
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await ctl.send({"t": "bye"})
-                raise
             finally:
                 nursery.cancel_scope.cancel()
         if self.cannot_serve is not None:
             raise self.cannot_serve
+
+    async def leave(self) -> None:
+        """Tell the host this member leaves (its user stopped it): it re-plans without calling it a loss."""
+        if self.ctl is not None:
+            with trio.move_on_after(1):
+                try:
+                    await self.ctl.send({"t": "bye"})
+                except ChannelClosed:
+                    pass
 
     async def _control(self, ctl: Channel, nursery) -> None:
         async def ping(msg: dict) -> None:

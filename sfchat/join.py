@@ -3,6 +3,9 @@ join again when the host is back. A member that cannot take its span (the model 
 or does not fit) exits non-zero with its line; with --stay it joins again after a while."""
 from __future__ import annotations
 
+import signal
+import threading
+
 import trio
 
 from peers import links
@@ -19,7 +22,7 @@ async def join_ring(opts: JoinOptions, say, on_change=None) -> str:
     while True:
         peer = Peer(opts.peer, on_change=on_change)
         try:
-            await peer.run()
+            await run_until_ctrl_c(peer)
             gone = "the host closed the ring"
         except CannotServe as e:
             if not opts.stay:
@@ -40,6 +43,22 @@ async def join_ring(opts: JoinOptions, say, on_change=None) -> str:
             return gone
         say(f"{gone}; waiting for it to come back (--stay; Ctrl+C ends)")
         await wait_for(opts.peer.address)
+
+
+async def run_until_ctrl_c(peer: Peer) -> None:
+    """peer.run(); Ctrl+C (SIGINT) first tells the host this member leaves, then ends it as Ctrl+C does."""
+    if threading.current_thread() is not threading.main_thread():  # (the peer screen: Textual has the keys)
+        return await peer.run()
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            async def on_ctrl_c() -> None:
+                async for _ in signals:
+                    await peer.leave()
+                    raise KeyboardInterrupt
+
+            nursery.start_soon(on_ctrl_c)
+            await peer.run()
+            nursery.cancel_scope.cancel()
 
 
 async def wait_for(address: str, every_s: float = 2.0) -> None:
