@@ -9,6 +9,7 @@
       pong          ---->                   its round trip is the member's RTT
                     <----   drop            a conversation ended: free its caches
                     <----   bye             the ring closes
+      bye           ---->                   the member leaves (Ctrl+C): a departure, not a failure
       error         <--->   error           the sender closes the link, and says why
 
 The data links (fwd and fail frames, peers/peer.py) are not part of it.
@@ -21,7 +22,7 @@ from .wire import WireError
 # what one side may receive from the other, by the state of the link
 RECEIVES = {
     ("host", "joining"): {"offer"},
-    ("host", "joined"): {"progress", "ready", "fail", "pong"},
+    ("host", "joined"): {"progress", "ready", "fail", "pong", "bye"},
     ("member", "joined"): {"assign", "ping", "drop", "bye"},
 }
 AFTER = {"offer": "joined", "bye": "closed"}  # the messages that move the link on; the others leave it as it is

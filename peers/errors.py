@@ -9,6 +9,11 @@ class RingError(Exception):
     """A pass around the ring failed (a member is lost or refused the frame)."""
 
 
+class MemberLeft(RingError):
+    """A member of the ring said bye (its user stopped it): the pass is re-planned around it like a loss, and said
+    as the departure it is."""
+
+
 class FitError(RingError):
     """The ring cannot hold the model; the message is one line with the numbers and what would help."""
 

@@ -20,6 +20,7 @@ import trio
 
 from .adaptive import KPolicy
 from .drafting import Drafter
+from .errors import MemberLeft
 from .host import Host, RingError, RingSession
 from .sampling import SamplingParams, verify_sampling
 from .stats import RoundStats, RunningStats
@@ -105,7 +106,10 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
             retries += 1
             if retries > max_retries:
                 raise
-            log.warning("ring pass failed (%s); re-planning and replaying", failure)
+            if isinstance(failure, MemberLeft):  # a departure, not a failure
+                log.info("%s; re-planning and replaying", failure)
+            else:
+                log.warning("ring pass failed (%s); re-planning and replaying", failure)
             if on_round is not None:
                 on_round({"event": "recovering", "error": str(failure)})
             await host.recover(epoch)

@@ -56,12 +56,17 @@ class Member:
     error: str = ""
     oom: bool = False  # it failed by running out of memory (error says how)
     leaving: bool = False  # it cannot serve as it is and leaves once the host hangs up (sfchat join exits)
+    left: bool = False  # it said bye: stopped by its user
+    key: str = ""  # the same for every join of one `sfchat join` (--stay's retries): it keeps its number
+    failed_before: str = ""  # why it could not serve at its join before, under the same number
+    said_still: bool = False  # "still cannot serve" has been said once
 
     def info(self) -> dict:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
                 "layers": str(self.span) if self.span and self.state not in ("lost", "failed") else "",
                 "dtype": self.dtype,
-                "state": downloading(self.download) or self.state, "download": self.download,
+                "state": downloading(self.download) or ("left" if self.left else self.state),
+                "download": self.download,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
                 "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes,
                 "conversations": self.sessions, "graphs": self.graphs, "planned_bytes": self.planned_bytes}
@@ -108,9 +113,16 @@ class Roster:
         ip = peername(stream).rpartition(":")[0]
         port = validate.need(offer, "data_port", int, 1)
         addr = offer.get("advertise") or f"{ip}:{port}"
-        m = Member(next(self.ids), str(hello.get("name", "peer"))[:40], ch, addr,
+        key = str(offer.get("key") or "")[:64]
+        # a joiner trying again (--stay) keeps its number, and what it failed with last time
+        before = next((m for m in self.members if key and m.key == key and m.state in ("lost", "failed")), None)
+        if before is not None:
+            self.members.remove(before)
+        m = Member(before.id if before else next(self.ids), str(hello.get("name", "peer"))[:40], ch, addr,
                    str(offer.get("device", "?"))[:20], validate.need(offer, "free_bytes", int, 0),
-                   str(offer.get("dtype", "float32")), str(offer.get("quant", "none")))
+                   str(offer.get("dtype", "float32")), str(offer.get("quant", "none")), key=key)
+        if before is not None:
+            m.failed_before, m.said_still = before.error if before.leaving else "", before.said_still
         m.rss_before = int(offer.get("rss_bytes") or 0)
         m.tls_fingerprint = str(offer.get("tls_fingerprint") or "")
         m.compute = str(offer.get("compute") or f"member {m.id}")[:80]
@@ -118,7 +130,8 @@ class Roster:
             raise wire.WireError("this ring uses TLS: the member must have a certificate too")
         ch.name = f"member {m.id}"
         self.members.append(m)
-        log.info("member %d (%s) joined from %s offering %.1f GB on %s", m.id, m.name, addr, m.free_bytes / 2**30, m.device)
+        log.info("member %d (%s) joined from %s offering %.1f GB on %s", m.id, m.name, addr, m.free_bytes / 2**30,
+                 m.device)
         self.on_change()
         async with self.joined:
             self.joined.notify_all()
@@ -126,7 +139,7 @@ class Roster:
         try:
             await link.follow({t: partial(self._heard, m, handle)
                                for t, handle in (("pong", _pong), ("ready", _ready), ("progress", _progress),
-                                                 ("fail", _fail))})
+                                                 ("fail", _fail), ("bye", _bye))})
         except ChannelClosed as e:  # the reason a pass waiting on this member reports
             m.error = m.error or str(e).removeprefix(f"{ch.name}: ") or "its connection closed"
             raise
@@ -134,9 +147,13 @@ class Roster:
             if m.state != "lost":
                 m.state, m.error = "lost", m.error or "its connection closed"
                 m.ready.set()
-                # the host ending the ring closes every member, and one that cannot serve leaves: no loss to warn about
-                log.log(logging.INFO if self.closing or m.leaving else logging.WARNING, "member %d (%s) %s: %s",
-                        m.id, m.name, "left" if m.leaving else "lost", m.error)
+                # the host ending the ring closes every member, one that cannot serve leaves (that was said), and
+                # one stopped by its user says bye: no loss to warn about
+                if m.left:
+                    log.info("member %d (%s) left%s", m.id, m.name, "; re-planning" if m.span and m.span.size else "")
+                else:
+                    log.log(logging.DEBUG if self.closing or m.leaving else logging.WARNING, "member %d (%s) %s: %s",
+                            m.id, m.name, "left" if m.leaving else "lost", m.error)
                 self.on_change()
                 self.on_lost(m)
 
@@ -224,5 +241,9 @@ def _fail(m: Member, msg: dict) -> None:
     m.state, m.error, m.oom = "failed", str(msg.get("error")), bool(msg.get("oom"))
     m.leaving = bool(msg.get("leaving"))
     m.download = None
-    log.error("member %d cannot serve: %s", m.id, m.error)
+    log.debug("member %d cannot serve: %s", m.id, m.error)  # the plan that waits for it says so, once
     m.ready.set()
+
+
+def _bye(m: Member, msg: dict) -> None:
+    m.left, m.error = True, "it left"

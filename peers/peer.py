@@ -52,7 +52,7 @@ class Peer:
         self.listen, self.advertise, self.quant = opts.listen, opts.advertise, opts.quant
         self.device = opts.device or default_device()
         self.dtype = pick_dtype(opts.dtype, self.device)  # each member its own; hidden states convert at each hop
-        self.offer_gb, self.name, self.graphs = opts.offer_gb, opts.name, opts.graphs
+        self.offer_gb, self.name, self.graphs, self.key = opts.offer_gb, opts.name, opts.graphs, opts.key
         self.relay = links.relay_of(opts.address, opts.relay)  # also reachable through it, if any
         self.tls_pin = opts.tls_pin  # the host's certificate fingerprint from the invite: the ring uses TLS
         self.tls = TLSEndpoint(bool(opts.tls_pin), f"peer-{opts.name}")
@@ -65,6 +65,7 @@ class Peer:
         self.base_bytes = 0  # what it used just before it loaded its span
         self.member_id = 0  # the host's number for it (in each assignment)
         self.cannot_serve: CannotServe | None = None  # why it left: its span cannot be had here
+        self.ctl: Channel | None = None  # the control link to the host, once joined
         self.on_change = on_change or (lambda st: None)
         self.bars = on_change is None  # download bars on the terminal, unless the peer screen shows progress
 
@@ -79,13 +80,13 @@ class Peer:
                                               links.member_endpoint(self.host_addr, self.name), default_host="0.0.0.0"))
             my_port, self.advertise = got.port, self.advertise or got.relay_address or None
             stream = await TLSEndpoint.dial(await links.dial(self.host_addr), self.tls_pin)
-            ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # the host pings every second
+            self.ctl = ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # the host pings every second
             await client_handshake(ctl, self.token, "join", name=self.name)
             offer = self.offer_gb * 2**30 if self.offer_gb is not None else free_bytes(self.device)
             await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
                             "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant,
                             "rss_bytes": rss_bytes(), "tls_fingerprint": self.tls.fingerprint,
-                            "compute": device.compute_id(self.device)})
+                            "compute": device.compute_id(self.device), "key": self.key})
             log.info("joined %s as %s; data port %d", self.host_addr, self.name, my_port)
             self._changed(state="joined")
             task_status.started(my_port)
@@ -98,6 +99,15 @@ class Peer:
                 nursery.cancel_scope.cancel()
         if self.cannot_serve is not None:
             raise self.cannot_serve
+
+    async def leave(self) -> None:
+        """Tell the host this member leaves (its user stopped it): it re-plans without calling it a loss."""
+        if self.ctl is not None:
+            with trio.move_on_after(1):
+                try:
+                    await self.ctl.send({"t": "bye"})
+                except ChannelClosed:
+                    pass
 
     async def _control(self, ctl: Channel, nursery) -> None:
         async def ping(msg: dict) -> None:
@@ -133,7 +143,8 @@ class Peer:
                 await self._failed(ctl, msg, str(e))
 
     async def _failed(self, ctl: Channel, msg: dict, error: str, **flags) -> None:
-        log.error("cannot take the assignment: %s", error)
+        if not flags.get("leaving"):  # (one that leaves: sfchat join says why, in its last line)
+            log.error("cannot take the assignment: %s", error)
         self._changed(state="failed", error=error)
         try:
             await ctl.send({"t": "fail", "epoch": msg.get("epoch"), "error": error, **flags})

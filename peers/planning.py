@@ -121,7 +121,7 @@ class Planner:
             if m.state != "lost":
                 m.state = "failed"
             self.left_out.append(m.error if m.oom else f"member {m.id} ({m.name}): {m.error or m.state}")
-            log.warning("member %d (%s) left out of the ring: %s", m.id, m.name, m.error or m.state)
+            say_left_out(m)
 
     async def _replan(self, host_port: int) -> bool:
         """One plan; False if members could not take their spans (out of the next). The host loads its own span
@@ -221,3 +221,16 @@ class Planner:
             except RingError as e:  # a member failed while loading: it is excluded from the next plan
                 log.warning("re-plan failed: %s", e)
         raise RingError(f"could not re-form the ring after {attempts} attempts")
+
+
+def say_left_out(m: Member) -> None:
+    """One line for a member planned out: why it cannot serve; a joiner that tries again (--stay) and fails the same
+    way is said once more, as "still", then no more. A lost member's loss was said when it happened."""
+    if m.state == "lost" and not m.leaving:
+        log.debug("member %d (%s) left out of the ring: %s", m.id, m.name, m.error or m.state)
+    elif m.error and m.error == m.failed_before:
+        if not m.said_still:
+            log.warning("member %d (%s) still cannot serve (it tries again later): %s", m.id, m.name, m.error)
+        m.said_still = True
+    else:
+        log.warning("member %d (%s) cannot serve: %s; left out of the ring", m.id, m.name, m.error or m.state)

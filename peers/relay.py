@@ -60,7 +60,7 @@ class Relay:
             h, p = listeners[0].socket.getsockname()[:2]
             pin = f"{self.tls.fingerprint}@" if self.tls.enabled else ""
             self.address = f"{pin}{h}:{p}"
-            log.info("relay on %s (%s)", self.address, self.shaping)
+            log.debug("relay on %s (%s)", self.address, self.shaping)  # (`sfchat relay` prints it, once)
             task_status.started(self.address)
 
     async def _handle(self, stream: trio.SocketStream) -> None:

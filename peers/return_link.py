@@ -13,7 +13,7 @@ import trio
 
 from . import device, validate, wire
 from .channel import Channel, ChannelClosed
-from .errors import RingError
+from .errors import MemberLeft, RingError
 
 
 class ReturnLink:
@@ -77,6 +77,8 @@ class ReturnLink:
             with trio.move_on_after(0.1):
                 return await recv.receive()
             lost = [m for m in self.host.ring if m.state == "lost"]
+            if lost and lost[0].left:
+                raise MemberLeft(f"member {lost[0].id} ({lost[0].name}) left")
             if lost:
                 raise RingError(f"member {lost[0].id} ({lost[0].name}) was lost: {lost[0].error}")
         raise trio.TooSlowError

@@ -5,8 +5,7 @@ assisted generation with the same draft), `ring` (no speculation) and `ring-spec
 shaping relay under the ring, its one-way delay being RTT / (ring links), so one pass around the ring (host ->
 member 1 -> … -> host) adds exactly that RTT. One ring per RTT serves every prompt and run, warmed up first.
 
-A row's ceiling is tokens per round / (RTT + measured compute per round): what the mode would reach if the
-network cost only its RTT and nothing but compute ran in between.
+What each column means is LEGEND, printed under the tables and in `sfchat bench --help`.
 """
 from __future__ import annotations
 
@@ -31,6 +30,20 @@ DEFAULT_PROMPTS = [
     "What are the advantages of pipeline parallelism?",
 ]
 MODES = ["transformers", "transformers-assisted", "ring", "ring-spec"]
+LEGEND = """\
+columns:
+  tok/s             new tokens / wall time of each answer, the prompt's reading (prefill) and the first token
+                    included; the median over --runs runs of every prompt
+  tokens/round      tokens an answer gained per round: one forward of the model (transformers) or one trip
+                    around the ring that checks the drafts; above 1, drafts were accepted
+  accept            the share of drafted tokens the model accepted (accepted / drafted; - : nothing drafted)
+  compute ms/round  measured compute per round: every member's forward, drafting that was not hidden behind
+                    the previous round, and checking the drafts; the network's time is not in it
+  ceiling tok/s     tokens/round / (RTT + compute ms/round): what the mode would reach if the network cost
+                    only its round trip and nothing but compute ran in between
+  of ceiling        tok/s / ceiling tok/s: the rest went to the prompt's reading, waiting and the event loop
+  ms per pass       each member's mean milliseconds per pass at T=1 (one token) and T=K+1 (K drafts)
+the header names the machine (CPU, cores, GPU, torch), so figures compare with others' (docs/benchmarks.md)"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,7 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "upper bound); simulated:A (A in 0..1): the target's own greedy continuation with each token kept "
                    "with probability A, for speculation of a known acceptance")
     p.add_argument("--k", type=int, help="pin the draft length (default: adaptive)")
-    p.add_argument("--local-peers", type=int, default=1, metavar="N", help="peer processes in the ring (default 1)")
+    p.add_argument("--local-peers", type=int, default=1, metavar="N",
+                   help="peer processes in the ring (default: 1, where host, ask and serve start none: the emulated "
+                   "round trip is laid on the links between members, and the host alone has none)")
     p.add_argument("--rtt-ms", default="0,20,86,175", help="comma-separated ring round-trip times to emulate")
     p.add_argument("--prompts", help="a file with one prompt per line (default: three built-in prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
@@ -297,7 +312,8 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
     try:
         async with shaped_relay(rtt_ms / links) as relay:
             opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
-                                           relay=relay, graphs=not args.no_graphs), local_peers=args.local_peers)
+                                           relay=relay, graphs=not args.no_graphs, offer_gb=args.offer_gb),
+                               local_peers=args.local_peers)
             advance(f"ring at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
             async with open_ring(opts, announce=False) as ring:
                 if len(ring.host.ring) != args.local_peers:
@@ -394,7 +410,7 @@ async def ring_row(args, ring, mode: str, spec: str | None, rtt_ms: float, promp
             row.runs.append(sample)
         row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes", "graphs",
                                           "planned_bytes")}
-                       for m in ring.host.members_info() if m["state"] != "lost"]
+                       for m in ring.host.members_info() if m["state"] not in ("lost", "left")]
     except Exception as e:  # noqa: BLE001 - one mode's failure must not lose the others' figures
         row.error = one_line(e)
     finally:
@@ -431,7 +447,9 @@ def machine_info() -> dict:
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpus": gpus, "torch_threads": torch.get_num_threads(),
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
             if hasattr(os, "sysconf") else None,
             "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
@@ -454,8 +472,10 @@ def checks(rows: list[dict]) -> list[str]:
     return out
 
 
-CEILING_NOTE = ("ceiling: tok/round / (RTT + compute ms/round), what the mode would reach if the network cost "
-                "only its round-trip time")
+def machine_line(m: dict) -> str:
+    """The machine in one line: what a reader needs to compare their figures with these."""
+    gpu = ", ".join(m["gpus"]) if m["gpus"] else "no GPU"
+    return f"machine: {m['cpu']}, {m['cores']} cores, {gpu}; torch {m['torch']}, {m['torch_threads']} threads"
 
 
 def mode_cell(r: dict, sep: str = "\n") -> str:
@@ -469,7 +489,7 @@ def row_line(r: dict) -> str:
     if "error" in r:
         return f"bench: {mode_cell(r, ' ')} (at {r['rtt_ms']:g} ms)"
     return (f"bench: {mode_cell(r, ' ')} at {r['rtt_ms']:g} ms: {r['tokens_per_second']:.2f} tok/s, "
-            f"{r['tokens_per_round']:.2f} tok/round")
+            f"{r['tokens_per_round']:.2f} tokens/round")
 
 
 def passes_line(r: dict) -> str:
@@ -489,8 +509,8 @@ def print_tables(rows: list[dict], rtts: list[float], console) -> None:
     for title, group in groups:
         if not group:
             continue
-        t = Table(title=title, caption=CEILING_NOTE, caption_justify="left")
-        for col in ("mode", "tok/s", "tok/round", "accept", "compute ms/round", "ceiling tok/s", "of ceiling"):
+        t = Table(title=title)
+        for col in ("mode", "tok/s", "tokens/round", "accept", "compute ms/round", "ceiling tok/s", "of ceiling"):
             t.add_column(col, justify="left" if col == "mode" else "right")
         for r in group:
             if "error" in r:
@@ -504,7 +524,7 @@ def print_tables(rows: list[dict], rtts: list[float], console) -> None:
                       "-" if r["fraction_of_ceiling"] is None else f"{r['fraction_of_ceiling']:.0%}")
         console.print(t)
         if lines := [passes_line(r) for r in group if r.get("pass_ms")]:
-            console.print("milliseconds per pass, by member and positions carried (T):\n  " + "\n  ".join(lines))
+            console.print("ms per pass, by member and positions carried (T):\n  " + "\n  ".join(lines))
 
 
 def draft_label(spec: str | None, model: str | None, model_dir) -> str:
@@ -623,14 +643,18 @@ async def bench(args) -> int:
     err = Console(stderr=True)
     logging.getLogger("sfchat.host").setLevel(logging.ERROR)  # closing each ring "loses" its members: not news
     results = Results(args, plan, draft_label(args.draft, args.model, model_dir), err)
+    err.print(machine_line(results.head["machine"]), highlight=False, markup=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as progress:
         await measure(args, plan, model_dir, tokenizer, results, progress)
     console = Console(width=None if sys.stdout.isatty() else 110)
+    console.print(machine_line(results.head["machine"]), highlight=False, markup=False)
     if results.rows:
         print_tables(results.rows, plan.rtts, console)
     if results.serving:
         bench_serve.print_table(results.serving, console)
+    if results.rows or results.serving:
+        console.print(LEGEND + (bench_serve.LEGEND if results.serving else ""), highlight=False, markup=False)
     results.checks = checks(results.rows) + bench_serve.checks(results.serving)
     for line in results.checks:
         print(line)

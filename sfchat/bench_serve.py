@@ -18,6 +18,13 @@ import trio
 
 from .shaped_relay import shaped_relay
 
+LEGEND = """
+serving columns (--clients: that many streaming clients at once, each sending every prompt in turn):
+  aggregate tok/s   every answer's tokens / the wall time until the last one ends (prefill included)
+  per-client tok/s  a client's tokens / its own time, from its first request to its last answer's end
+  tokens/round      each conversation's tokens / its rounds, over all answers
+  TTFT p50, p95 ms  time to first token: from sending a request to its first content chunk"""
+
 
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
@@ -72,7 +79,8 @@ async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[st
     rows = []
     async with shaped_relay(rtt_ms / (args.local_peers + 1)) as relay:
         opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
-                                       relay=relay, graphs=not args.no_graphs, conversations=max(clients)),
+                                       relay=relay, graphs=not args.no_graphs, conversations=max(clients),
+                                       offer_gb=args.offer_gb),
                            local_peers=args.local_peers)
         advance(f"serving at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
         async with open_ring(opts, announce=False) as ring, trio.open_nursery() as nursery:
@@ -110,7 +118,7 @@ def print_table(rows: list[dict], console) -> None:
     from rich.table import Table
 
     t = Table(title="serving: concurrent clients over HTTP")
-    for col in ("RTT ms", "clients", "aggregate tok/s", "per-client tok/s", "tok/round", "TTFT p50 ms", "TTFT p95 ms"):
+    for col in ("RTT ms", "clients", "aggregate tok/s", "per-client tok/s", "tokens/round", "TTFT p50 ms", "TTFT p95 ms"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(f"{r['rtt_ms']:g}", str(r["clients"]), f"{r['aggregate_tokens_per_second']:.2f}",

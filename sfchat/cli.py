@@ -33,6 +33,13 @@ class Formatter(argparse.HelpFormatter):
         return f"{h} (default: {action.default})"
 
 
+class BenchFormatter(Formatter):
+    """The bench's legend after its options, its line breaks kept."""
+
+    def _fill_text(self, text, width, indent):
+        return "\n".join(indent + line for line in text.splitlines())
+
+
 class Parser(argparse.ArgumentParser):
     """A wrong argument is one line (what is wrong, where to look), not the usage block and then the error."""
 
@@ -68,6 +75,23 @@ def in_range(low: float, high: float):
     return check
 
 
+def gigabytes(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GB") from None
+    if not (math.isfinite(x) and x >= 0):
+        raise argparse.ArgumentTypeError(f"must be 0 or more GB, got {text}")
+    return x
+
+
+def offer_arg(p: argparse.ArgumentParser) -> None:
+    """The same --offer-gb on every command that brings up a ring member (host, ask, serve, bench, join)."""
+    p.add_argument("--offer-gb", type=gigabytes, metavar="GB", help="memory this machine offers the ring, in GB: its "
+                   "share of the layers (and on the host, the embedding, head and draft) is planned within it "
+                   "(default: what is free)")
+
+
 def draft_word(text: str) -> str:
     from peers.drafting.choose import SIMULATED
 
@@ -93,6 +117,7 @@ def _model_args(p: argparse.ArgumentParser, model_help: str = MODEL_HELP + " (de
 def _gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-peers", type=at_least(0), default=0, metavar="N",
                    help="start N peer processes on this machine")
+    offer_arg(p)
     p.add_argument("--draft", type=draft_word, help=DRAFT_HELP + " (default: auto)")
     p.add_argument("--k", type=at_least(0), help="pin the draft length (default: adaptive)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=256, metavar="N",
@@ -134,17 +159,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", help="the question (one turn, no system prompt)")
     _model_args(p)
     _gen_args(p)
-    p.add_argument("--listen", help="host a ring on HOST:PORT for this answer (default: none, local peers only)")
+    p.add_argument("--listen", "--ring-listen", dest="listen", metavar="HOST:PORT",
+                   help="host a ring that other machines can join on HOST:PORT for this answer (default: none, "
+                   "local peers only)")
     p.add_argument("--advertise", metavar="HOST[:PORT]", help="the address the invite names (default: this "
                    "machine's outward address)")
     p.add_argument("--token", help="join token (with --listen; default: a random one)")
     p.add_argument("--wait-peers", type=at_least(0), default=0, metavar="N", help="wait for N joiners (with --listen)")
-    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end (docs/json.md)")
+    for a in p._actions:
+        if a.dest == "temperature":
+            a.help = ("sampling temperature; 0 is greedy (default: the model's generation_config, else 0; the chat's "
+                      "/temp setting applies to sfchat host only)")
 
     p = command("host", "host a ring and chat")
     _model_args(p)
     _gen_args(p)
-    p.add_argument("--listen", default="127.0.0.1:7340", help="HOST:PORT to accept members on (0.0.0.0 for a LAN)")
+    p.add_argument("--listen", "--ring-listen", dest="listen", default="127.0.0.1:7340", metavar="HOST:PORT",
+                   help="where the ring accepts members (0.0.0.0 for a LAN); --serve sets the endpoint's")
     p.add_argument("--advertise", metavar="HOST[:PORT]", help="the address the invite names (default: the listen "
                    "address, or for 0.0.0.0 this machine's outward address)")
     p.add_argument("--token", help="join token (default: a random one)")
@@ -164,10 +196,12 @@ def parser() -> argparse.ArgumentParser:
     p = command("serve", "host a ring and serve it as an OpenAI-compatible endpoint (headless)")
     _model_args(p)
     _gen_args(p)
-    p.add_argument("--listen", dest="serve", default=SERVE_DEFAULT, metavar="HOST:PORT",
-                   help="where the endpoint listens")
+    p.add_argument("--http-listen", dest="serve", default=SERVE_DEFAULT, metavar="HOST:PORT",
+                   help="where the OpenAI-compatible endpoint listens (HTTP)")
     p.add_argument("--ring-listen", dest="listen", default="127.0.0.1:7340", metavar="HOST:PORT",
-                   help="HOST:PORT to accept members on (0.0.0.0 for a LAN)")
+                   help="where the ring accepts members (0.0.0.0 for a LAN)")
+    # sfchat 0.1.0's name of --http-listen, kept working (hidden: on host and ask, --listen is the ring's)
+    p.add_argument("--listen", dest="old_listen", metavar="HOST:PORT", help=argparse.SUPPRESS)
     p.add_argument("--advertise", metavar="HOST[:PORT]", help="the address the invite names (default: the ring "
                    "listen address, or for 0.0.0.0 this machine's outward address)")
     p.add_argument("--token", help="join token (default: a random one)")
@@ -177,7 +211,7 @@ def parser() -> argparse.ArgumentParser:
     _serve_args(p)
     request_defaults = {  # what a request leaves out is the server's
         "temperature": "sampling temperature, also of a request that names none; 0 is greedy (default: the "
-                       "model's generation_config, else 0)",
+                       "model's generation_config, else 0; the chat's /temp setting applies to sfchat host only)",
         "top_p": "nucleus sampling, also of a request that names none: the likeliest tokens whose probabilities "
                  "sum to this (1: all)",
         "seed": "seed of the sampling, also of a request that names none (default: random)"}
@@ -190,10 +224,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("address", help="the host's HOST:PORT, or relay://RELAY/RING/host from a relayed invite")
     p.add_argument("--token", help="the join token from the invite (or the environment variable SFCHAT_TOKEN)")
     _model_args(p, model_help="default: the model the host names (" + MODEL_HELP + ")")
-    p.add_argument("--listen", default="0.0.0.0:0", help="HOST:PORT for hidden states from the previous hop")
+    p.add_argument("--listen", "--ring-listen", dest="listen", default="0.0.0.0:0", metavar="HOST:PORT",
+                   help="where this peer accepts hidden states from the previous hop")
     p.add_argument("--advertise", help="HOST:PORT others should use to reach this peer (default: the address "
                    "the host sees)")
-    p.add_argument("--offer-gb", type=float, help="memory to offer (default: what is free)")
+    offer_arg(p)
     p.add_argument("--name", default="peer", help="this peer's name in the host's ring panel")
     p.add_argument("--relay", metavar="HOST:PORT", help="be reachable through this relay (implied by a relay:// address)")
     p.add_argument("--tls", metavar="FINGERPRINT", help="the host's certificate fingerprint (from a --tls invite)")
@@ -209,7 +244,10 @@ def parser() -> argparse.ArgumentParser:
     relay_arguments(p)
 
     p = command("bench", "tokens/s of transformers and the ring over links of given round-trip times")
+    from .bench import LEGEND
+    p.epilog, p.formatter_class = LEGEND, BenchFormatter
     _model_args(p)
+    offer_arg(p)
     from .bench import add_arguments as bench_arguments
     bench_arguments(p)
 
@@ -320,6 +358,10 @@ def cmd_serve(args) -> int:
     from .options import ring_options
     from .serve.command import check_serve, serve_command
 
+    if args.old_listen:
+        stderr(f"sfchat serve: --listen is now --http-listen (the endpoint's address; --ring-listen is the ring's); "
+               f"serving on {args.old_listen}")
+        args.serve = args.old_listen
     opts = ring_options(args)
     check_serve(opts.serve)
     return trio.run(serve_command, opts)

@@ -8,16 +8,18 @@ from pathlib import Path
 
 def add_arguments(p) -> None:
     p.add_argument("--out", required=True, type=Path, help="directory for the draft (and its work/ to resume from)")
-    p.add_argument("--minutes", type=float, default=60.0, help="time budget for writing data and training (60)")
-    p.add_argument("--seed", type=int, help="seed of prompts, sampling and training (0)")
-    p.add_argument("--data-share", type=float, default=0.75, help="part of the budget spent writing data (0.75)")
+    p.add_argument("--minutes", type=float, default=60.0, help="time budget for writing data and training")
+    p.add_argument("--seed", type=int, help="seed of prompts, sampling and training (default: 0)")
+    p.add_argument("--data-share", type=float, default=0.75, help="part of the budget spent writing data")
     p.add_argument("--shards", type=int, help="write exactly N training shards (instead of the time budget)")
     p.add_argument("--steps", type=int, help="train to exactly N steps in all (instead of the time budget); "
                    "a larger N continues a trained draft (a new leg of its schedule)")
-    p.add_argument("--layers", type=int, help="decoder layers of the draft, initialised from the target's last ones (1)")
-    p.add_argument("--vocab", type=int, help="the draft's vocabulary: most frequent target tokens (8192)")
-    p.add_argument("--batch", type=int, help="conversations the target answers at once (128 on a CPU, 256 on CUDA)")
-    p.add_argument("--max-new-tokens", type=int, dest="max_new", help="longest answer the target writes (256)")
+    p.add_argument("--layers", type=int,
+                   help="decoder layers of the draft, initialised from the target's last ones (default: 1)")
+    p.add_argument("--vocab", type=int, help="the draft's vocabulary: most frequent target tokens (default: 8192)")
+    p.add_argument("--batch", type=int,
+                   help="conversations the target answers at once (default: 128 on a CPU, 256 on CUDA)")
+    p.add_argument("--max-new-tokens", type=int, dest="max_new", help="longest answer the target writes (default: 256)")
     p.add_argument("--teacher-dtype", choices=["float32", "bfloat16"],
                    help="the target's dtype for the shards this run writes (bfloat16 where the hardware is fast at it)")
     p.add_argument("--prompts", choices=["chat", "templates"], default="chat", dest="prompt_set",

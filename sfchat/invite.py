@@ -121,9 +121,17 @@ def program() -> str:
     return f"{shlex.quote(sys.executable)} -P -m sfchat"  # -P: not a folder named sfchat here
 
 
+def program_there() -> str:
+    """How another machine runs sfchat, for the invite: `sfchat` where that runs here too, or where this process is
+    an `sfchat` launcher (a venv's: a path into this machine's venv would not exist there, and the set-up puts
+    `sfchat` on PATH or says the line that does); else, started as `python -m sfchat`, that command."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    return "sfchat" if argv0 is not None and argv0.name == "sfchat" else program()
+
+
 def command(address: str, token: str, tls_fingerprint: str = "") -> str:
     tls = f" --tls {tls_fingerprint}" if tls_fingerprint else ""
-    return f"{program()} join {address} --token {token}{tls}"
+    return f"{program_there()} join {address} --token {token}{tls}"
 
 
 @dataclass

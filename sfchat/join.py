@@ -3,6 +3,9 @@ join again when the host is back. A member that cannot take its span (the model 
 or does not fit) exits non-zero with its line; with --stay it joins again after a while."""
 from __future__ import annotations
 
+import signal
+import threading
+
 import trio
 
 from peers import links
@@ -15,15 +18,21 @@ from .options import JoinOptions
 
 async def join_ring(opts: JoinOptions, say, on_change=None) -> str:
     """Serve the ring; returns why it ended (a normal end). Errors before joining (refused, wrong token) raise."""
+    failed, repeats = "", 0  # why the last join could not serve, and how often in a row: said once, "still" once
     while True:
         peer = Peer(opts.peer, on_change=on_change)
         try:
-            await peer.run()
+            await run_until_ctrl_c(peer)
             gone = "the host closed the ring"
         except CannotServe as e:
             if not opts.stay:
                 raise
-            say(f"cannot serve: {e}; joining again in {opts.retry_s:.0f} s (--stay; Ctrl+C ends)")
+            repeats = repeats + 1 if str(e) == failed else 0
+            if repeats == 0:
+                say(f"cannot serve: {e}; joining again in {opts.retry_s:.0f} s (--stay; Ctrl+C ends)")
+            elif repeats == 1:
+                say(f"still cannot serve; joining again every {opts.retry_s:.0f} s (--stay; Ctrl+C ends)")
+            failed = str(e)
             await trio.sleep(opts.retry_s)
             continue
         except (ChannelClosed, OSError, BaseExceptionGroup) as e:
@@ -39,6 +48,22 @@ async def join_ring(opts: JoinOptions, say, on_change=None) -> str:
             return gone
         say(f"{gone}; waiting for it to come back (--stay; Ctrl+C ends)")
         await wait_for(opts.peer.address)
+
+
+async def run_until_ctrl_c(peer: Peer) -> None:
+    """peer.run(); Ctrl+C (SIGINT) first tells the host this member leaves, then ends it as Ctrl+C does."""
+    if threading.current_thread() is not threading.main_thread():  # (the peer screen: Textual has the keys)
+        return await peer.run()
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            async def on_ctrl_c() -> None:
+                async for _ in signals:
+                    await peer.leave()
+                    raise KeyboardInterrupt
+
+            nursery.start_soon(on_ctrl_c)
+            await peer.run()
+            nursery.cancel_scope.cancel()
 
 
 async def wait_for(address: str, every_s: float = 2.0) -> None:

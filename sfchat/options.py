@@ -6,6 +6,7 @@ default here, in one place. A slash command that changes one setting makes a new
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 from peers.options import HostOptions, PeerOptions
@@ -99,7 +100,7 @@ def ring_options(args, s: Settings | None = None) -> RingOptions:
                        listen=a.get("listen") or "127.0.0.1:0", device=a.get("device"),
                        dtype=a.get("dtype", "auto"), quant=a.get("quant", "none"), tls=bool(a.get("tls")),
                        relay=a.get("relay"), max_context=a.get("max_context"), graphs=not a.get("no_graphs"),
-                       conversations=a.get("max_conversations"))
+                       conversations=a.get("max_conversations"), offer_gb=a.get("offer_gb"))
     serve = None
     if a.get("serve"):
         serve = ServeOptions(a["serve"], api_key=a.get("api_key"), insecure_no_key=bool(a.get("insecure_no_key")),
@@ -112,5 +113,5 @@ def join_options(args) -> JoinOptions:
     peer = PeerOptions(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
                        device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb,
                        name=args.name, relay=args.relay, tls_pin=args.tls and check_pin(args.tls),
-                       graphs=not args.no_graphs)
+                       graphs=not args.no_graphs, key=secrets.token_hex(8))
     return JoinOptions(peer, stay=args.stay, retry_s=args.retry_s)

@@ -1,8 +1,8 @@
 """`sfchat host --headless`: a plain prompt loop on stdin, for servers and scripts.
 
 Answers stream to stdout; everything else (the invite, joins and losses, logs, command replies) goes to stderr
-as whole lines, held back while an answer streams so none lands in the middle of it. The slash commands are
-the chat screen's.
+as whole lines, as they happen: on a terminal that shows both, a line that comes while an answer streams goes
+under the answer's line so far, and the answer goes on below it. The slash commands are the chat screen's.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import trio
 
 from peers.adaptive import KPolicy
 from peers.chat import Chat
+from peers.errors import RingError
 
 from . import settings as settings_mod
 from . import invite, store
@@ -27,26 +28,27 @@ SCREEN_ONLY = ("chats", "copy")
 
 
 class Lines:
-    """stderr lines that wait while an answer streams on stdout."""
+    """Whole lines on stderr, said when they happen, never inside the answer's line on a shared terminal."""
 
     def __init__(self) -> None:
-        self.streaming, self.held = False, []
+        self.mid_line = False  # the answer's last piece on the terminal did not end its line
+        self.shared = sys.stdout.isatty() and sys.stderr.isatty()  # both on one screen
 
     def say(self, *a) -> None:
         text = " ".join(str(x) for x in a)
-        if self.streaming:
-            self.held.append(text)
-        else:
-            print(text, file=sys.stderr, flush=True)
+        if self.mid_line:
+            text, self.mid_line = "\n" + text, False
+        print(text, file=sys.stderr, flush=True)
 
-    def begin(self) -> None:
-        self.streaming = True
+    def answer(self, piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+        if piece:
+            self.mid_line = self.shared and not piece.endswith("\n")
 
     def end(self) -> None:
-        self.streaming = False
-        held, self.held = self.held, []
-        for text in held:
-            self.say(text)
+        """The answer ended (its newline written)."""
+        self.mid_line = False
 
 
 class LinesHandler(logging.Handler):
@@ -60,10 +62,11 @@ class LinesHandler(logging.Handler):
 
 
 class RingWatch:
-    """Joins, losses and re-plans of the host's ring, each said once as its own line."""
+    """Joins, departures and re-plans of the host's ring, each said once as its own line (a loss, or a member that
+    cannot serve, is the host's log line)."""
 
     def __init__(self, lines: Lines) -> None:
-        self.lines, self.states, self.epoch, self.host = lines, {}, 0, None
+        self.lines, self.states, self.layout, self.host = lines, {}, "", None
 
     def __call__(self) -> None:
         if self.host is None:
@@ -72,13 +75,14 @@ class RingWatch:
             before = self.states.get(m.id)
             if before is None:
                 self.lines.say(f"+ member {m.id} ({m.name}) joined from {m.data_addr} ({m.device})")
-            if m.state == "lost" and before != "lost" and not self.host.roster.closing:
-                self.lines.say(f"- member {m.id} ({m.name}) lost: {m.error or 'its connection closed'}")
+            if m.state == "lost" and before != "lost" and m.left and not self.host.roster.closing:
+                self.lines.say(f"- member {m.id} ({m.name}) left" + ("; re-planning" if m.span and m.span.size else ""))
             self.states[m.id] = m.state
-        if self.host.epoch != self.epoch and self.host.epoch > 1:
-            spans = [f"host {self.host.shard.span}"] + [f"member {m.id} {m.span}" for m in self.host.ring]
-            self.lines.say("ring: " + " -> ".join(spans))
-        self.epoch = self.host.epoch
+        if self.host.shard is not None:  # a re-plan that moved layers (not one that left them where they were)
+            layout = " -> ".join([f"host {self.host.shard.span}"] + [f"member {m.id} {m.span}" for m in self.host.ring])
+            if self.layout and layout != self.layout:
+                self.lines.say("ring: " + layout)
+            self.layout = layout
 
 
 async def host_repl(opts: RingOptions) -> int:
@@ -96,7 +100,7 @@ async def _repl(opts: RingOptions, lines: Lines) -> int:
     host = build_host(opts, on_change=watch)
     host.say = lines.say
     watch.host = host
-    async with open_ring(opts, host=host) as ring:
+    async with open_ring(opts, host=host, stay=True) as ring:
         lines.say(f"sfchat host on {invite.listening(host)}. On each other machine run:\n"
                   f"  {invite_for(opts, host)}")
         lines.say("Type a prompt, or /help.")
@@ -133,13 +137,10 @@ class HeadlessChat:
     async def reply(self, text: str) -> None:
         """The answer streamed to stdout; a prompt past the context is refused and the chat goes on."""
         answer, lines = self.answer, self.lines
-        lines.begin()
         try:
             _, result = await self.chat.reply(text, drafter=self.drafter, params=answer.sampling(), policy=self.policy,
-                                              max_new_tokens=answer.max_new_tokens,
-                                              on_text=lambda d: (sys.stdout.write(d), sys.stdout.flush()))
-        except ValueError as e:
-            lines.end()
+                                              max_new_tokens=answer.max_new_tokens, on_text=lines.answer)
+        except (ValueError, RingError) as e:  # past the context; a ring that cannot answer now
             lines.say(f"refused: {e}")
             return
         print(flush=True)

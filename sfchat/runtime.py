@@ -9,6 +9,7 @@ import trio
 
 from peers.chat import eos_ids, load_tokenizer
 from peers.drafting import make_drafter
+from peers.errors import FitError
 from peers.host import Host
 from sfchat import invite
 from sfchat.local import LocalPeers
@@ -34,8 +35,10 @@ def build_host(opts: RingOptions, **kw) -> Host:
 
 
 @asynccontextmanager
-async def open_ring(opts: RingOptions, *, announce: bool = True, host: Host | None = None):
-    """Serve a host, start --local-peers, wait for them and any --wait-peers joiners, plan; close it all after."""
+async def open_ring(opts: RingOptions, *, announce: bool = True, host: Host | None = None, stay: bool = False):
+    """Serve a host, start --local-peers, wait for them and any --wait-peers joiners, plan; close it all after.
+    `stay` (host, serve): a ring that cannot hold the model yet (the host's --offer-gb, say) stays up, says why and
+    refuses prompts until members that can hold it join; otherwise (ask, bench) that is the command's error."""
     host = host or build_host(opts)
     tokenizer = load_tokenizer(host.model_dir)
     n_local, wait_peers = opts.local_peers, opts.wait_peers
@@ -56,7 +59,12 @@ async def open_ring(opts: RingOptions, *, announce: bool = True, host: Host | No
                     with trio.move_on_after(0.2):
                         await host.wait_members(want)
             if want or host.shard is None:  # (no shard: the host alone could not hold it, and says why now)
-                await host.replan()
+                try:
+                    await host.replan()
+                except FitError as e:
+                    if not stay:
+                        raise
+                    host.say(f"{e}; prompts are refused until a machine that can hold the rest joins")
             host.auto_replan = True  # from now on a member that (re)joins is planned in
             yield Ring(host, tokenizer, eos_ids(host.model_dir, host.config, tokenizer), local)
         finally:

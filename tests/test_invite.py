@@ -58,6 +58,14 @@ def test_invite_lines_and_the_command_that_runs_here(monkeypatch):
     assert invite.program() == f"{shlex.quote(sys.executable)} -P -m sfchat"
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/local/bin/sfchat")
     assert invite.program() == "sfchat"
+    # the invite runs on another machine: a venv's launcher here is `sfchat` there (its set-up puts it on PATH),
+    # while what this machine runs again (--resume, `sfchat pull`) stays the path that runs here
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / ".venv" / "bin" / "sfchat")])
+    host.tls.enabled = False
+    assert invite.for_host(host, addresses=["192.168.1.23"]).command == "sfchat join 192.168.1.23:7341 --token tok"
+    monkeypatch.setattr(os, "access", lambda *a: True)
+    assert invite.program() == shlex.quote(str(ROOT / ".venv" / "bin" / "sfchat"))
 
 
 # --- real network namespaces: two "machines" joined by a veth pair ---------------------------------------------

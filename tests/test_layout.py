@@ -104,3 +104,11 @@ def test_the_engine_does_not_import_the_app():
     into_app = {name: sorted(m for m in targets if m.split(".")[0] == "sfchat")
                 for name, targets in edges.items() if name.split(".")[0] == "peers"}
     assert {name: targets for name, targets in into_app.items() if targets} == {}
+
+
+def test_the_gpu_check_names_no_package_index():
+    """It installs CUDA torch with `pip install --isolated`: pip's own default index, whatever a local
+    configuration says, and no index's address written into the project."""
+    script = (ROOT / "scripts" / "gpu_check").read_text()
+    install = next(line for line in script.splitlines() if "pip install" in line)
+    assert "--isolated" in install and "--index-url" not in script and "://" not in script

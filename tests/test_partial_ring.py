@@ -7,6 +7,7 @@ the endpoint."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 
@@ -55,9 +56,15 @@ def layers(host) -> list[tuple[int, int]]:
     return [(s.start, s.end) for s in [host.shard.span] + [m.span for m in host.ring]]
 
 
+def host_lines(caplog) -> list[str]:
+    """What the host said at WARNING and above (what `sfchat host` shows)."""
+    return [r.getMessage() for r in caplog.records if r.name.startswith("sfchat") and r.levelno >= logging.WARNING]
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_joiner_that_cannot_take_its_layers_leaves_and_the_host_answers_whole(tiny_llama, kind):
+def test_a_joiner_that_cannot_take_its_layers_leaves_and_the_host_answers_whole(tiny_llama, kind, caplog):
     args, env, says = KINDS[kind]
+    caplog.set_level(logging.INFO)
 
     async def main():
         host = quiet_host(tiny_llama)
@@ -74,6 +81,9 @@ def test_a_joiner_that_cannot_take_its_layers_leaves_and_the_host_answers_whole(
     code, line, (spans, error, ids) = trio.run(main)
     assert code != 0 and says in line and "Traceback" not in line and len(line) < 300, line
     assert says in error
+    said = host_lines(caplog)  # one line for the one event
+    assert len(said) == 1 and said[0].startswith("member 1 (joiner) cannot serve: ") and says in said[0], said
+    assert said[0].endswith("; left out of the ring")
     assert spans == [(0, 4)]  # the host holds every layer again
     assert ids == reference_ids(tiny_llama, PROMPT, 10)
 
@@ -111,7 +121,14 @@ def test_the_host_refuses_while_the_rest_cannot_hold_the_model_and_answers_once_
     assert ids == reference_ids(tiny_llama, PROMPT, 10)
 
 
-def test_with_stay_a_joiner_that_cannot_serve_tries_again(tiny_llama):
+def test_with_stay_a_joiner_that_cannot_serve_tries_again_under_its_number(tiny_llama, caplog):
+    """It joins again and again as member 1; the host says why it cannot serve once, "still" once, then no more,
+    and so does the joiner."""
+    caplog.set_level(logging.INFO)
+
+    def joins() -> int:
+        return sum("joined from" in r.getMessage() for r in caplog.records)
+
     async def main():
         host = quiet_host(tiny_llama)
         async with trio.open_nursery() as nursery:
@@ -119,17 +136,25 @@ def test_with_stay_a_joiner_that_cannot_serve_tries_again(tiny_llama):
             host.auto_replan = True
             joiner = start_joiner(host, "--stay", "--retry-s", "0.2", env={"SFCHAT_TEST_BREAK": "joiner:load"})
             try:
-                await settled(host, 2)  # it came back as a second member, and failed again
+                with trio.fail_after(90):  # its fourth try has failed too
+                    while joins() < 4 or host.planner.gate.replanning or any(
+                            m.state in ("joining", "loading") for m in host.members):
+                        await trio.sleep(0.05)
                 still_running = joiner.poll() is None
             finally:
                 joiner.terminate()
-            got = layers(host), [m.state for m in host.members]
+            got = layers(host), [(m.id, m.state) for m in host.members]
             nursery.cancel_scope.cancel()
-        return still_running, got
+        return still_running, got, joiner.stderr.read()
 
-    still_running, (spans, states) = trio.run(main)
+    still_running, (spans, members), joiner_log = trio.run(main)
     assert still_running
-    assert spans == [(0, 4)] and all(s in ("failed", "lost") for s in states)
+    assert spans == [(0, 4)] and len(members) == 1 and members[0][0] == 1 and members[0][1] in ("failed", "lost")
+    said = host_lines(caplog)
+    assert len(said) == 2, said
+    assert said[0].startswith("member 1 (joiner) cannot serve: ") and "injected failure joiner:load" in said[0]
+    assert said[1].startswith("member 1 (joiner) still cannot serve (it tries again later): ")
+    assert joiner_log.count("cannot serve") == 2 and "still cannot serve; joining again every" in joiner_log
 
 
 def reference_text(model, prompt: str, n: int) -> str:

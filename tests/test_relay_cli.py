@@ -52,6 +52,7 @@ def test_host_and_join_through_relay_commands(tiny_llama, tmp_path):
         assert host.p.wait(timeout=30) == 0
         relay.wait_for(r"registered \w+/far-")  # the peer is reachable through the relay as well
         relay.wait_for(r"-> \w+/far-\w+ connected")  # and the host's first hop went through it
+        assert relay.log.read_text().count(raddr) == 1  # its start-up said once: the hosts' hint beside stdout's line
     finally:
         for p in reversed(procs):
             p.stop()

@@ -83,13 +83,18 @@ def test_prompt_answer_stats_commands_and_quit(tiny_llama):
             ring = [row for row in scr.query_one(RingPanel).query_one(DataTable).rows]
             assert ring == ["0", "1"]
             assert " join 127.0.0.1:" in scr.query_one(RingPanel).invite
+            # members in pass order, by their layers, whatever order they joined in
+            panel, members = scr.query_one(RingPanel), app.engine.host.members_info()
+            panel.show(members[::-1], panel.invite)
+            assert [row.value for row in panel.query_one(DataTable).rows] == ["0", "1"]
 
             answer = await ask(app, pilot, "hello world")
             assert answer.source == want and scr.conv.messages[-1]["content"] == want
             assert [m["role"] for m in scr.conv.messages] == ["user", "assistant"]
             stats = scr.query_one(StatsPanel)
             rounds = text_of(stats.query_one("#rounds", Static))
-            assert "the last answer" in rounds and "tokens/trip" in rounds and " last" in rounds
+            assert "the last answer" in rounds and "tokens/round" in rounds and " last" in rounds
+            assert "trip" not in rounds and "verify" not in rounds  # one name per figure; checking is the host's
             assert rounds.count("K") == 1 and " avg, " in rounds  # measured K; the setting is apart
             speed = text_of(stats.query_one("#speed", Static)).splitlines()
             now, avg, peak = speed[1].split()[1:]

@@ -53,7 +53,7 @@ async def serving_beside(ring: Ring, drafter, opts: RingOptions, *, say=say, on_
 
 async def serve_command(opts: RingOptions) -> int:
     host = build_host(opts)
-    async with open_ring(opts, host=host) as ring:
+    async with open_ring(opts, host=host, stay=True) as ring:
         drafter = await new_drafter(opts.answer.draft, ring)
         async with trio.open_nursery() as nursery:
             conv, url = await start(nursery, ring, drafter, opts)

@@ -152,8 +152,10 @@ class Engine(Worker):
         members[0]["address"] = invite.address
         # a lost member is shown through the re-plan around it, and dropped at the next (when one joins, say)
         for m in members:
-            if m["state"] == "lost":
+            if m["state"] in ("lost", "left"):
                 self.lost_at.setdefault(m["id"], host.epoch)
+            else:  # a joiner trying again (--stay) keeps its number
+                self.lost_at.pop(m["id"], None)
         members = [m for m in members if host.epoch <= self.lost_at.get(m["id"], host.epoch) + 1]
         serving = ""
         if self.serving is not None:
@@ -172,7 +174,7 @@ class Engine(Worker):
         host.say = self._say  # its progress lines go to the status line, not to a terminal Textual owns
         if opts.local_peers:
             self._say(f"starting {opts.local_peers} local peer(s)…")
-        async with open_ring(opts, host=host, announce=False) as ring:
+        async with open_ring(opts, host=host, announce=False, stay=True) as ring:
             self.ring = ring
             self.chat = Chat(host, ring.tokenizer, ring.eos, messages=self._first_messages)
             self.policy = KPolicy()

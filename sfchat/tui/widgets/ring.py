@@ -15,11 +15,19 @@ from .fmt import ms, size
 COLUMNS = ("name", "address", "layers", "device", "memory", "peak", "rtt", "state")
 WIDTHS = {"layers": 7, "memory": 8, "peak": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
 STATE_STYLES = {"ready": "$success", "joining": "$warning", "loading": "$warning", "idle": "$text-muted",
-                "lost": "$error", "failed": "$error", "waiting": "$error"}
+                "lost": "$error", "failed": "$error", "waiting": "$error", "left": "$text-muted"}
 
 
 def state_cell(state: str) -> Content:
     return Content.styled(state, STATE_STYLES.get(state, ""))
+
+
+def by_layers(members: list[dict]) -> list[dict]:
+    """In pass order: by the first layer each holds ("10-19": 10); members without layers after, as they came."""
+    def first(m: dict) -> float:
+        head = (m.get("layers") or "").partition("-")[0]
+        return int(head) if head.isdigit() else float("inf")
+    return sorted(members, key=first)
 
 
 def fit_command(command: str, width: int) -> str:
@@ -72,8 +80,8 @@ class RingPanel(Vertical):
         table = self.query_one(DataTable)
         rows = {str(m["id"]): (m["name"], m["address"], m["layers"] or "—", m["device"], size(m["memory_bytes"]),
                                size(m.get("peak_memory_bytes")), ms(m["rtt_ms"]), state_cell(m["state"]))
-                for m in members}
-        if list(rows) != [key.value for key in table.rows]:  # members came or went: rebuild
+                for m in by_layers(members)}
+        if list(rows) != [key.value for key in table.rows]:  # members came, went or moved: rebuild
             table.clear()
             for key, cells in rows.items():
                 table.add_row(*cells, key=key)

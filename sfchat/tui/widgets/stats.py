@@ -1,8 +1,9 @@
-"""The stats panel: speed, a sparkline of tokens/s, tokens and acceptance per round trip, K, the trip's time split.
+"""The stats panel: speed, a sparkline of tokens/s, tokens and acceptance per round, K, the round's time split.
 
 Counts and averages are over one span, the answer being written (or the last one); totals since the app started
 sit apart. A round is one trip around the ring: the host sends the drafts, every member computes, the host
-verifies and commits the accepted tokens plus one of its own."""
+verifies and commits the accepted tokens plus one of its own. "Tokens per round" is the figure's one name, here,
+in `sfchat bench` and in the JSON (tokens_per_round)."""
 from __future__ import annotations
 
 from rich.table import Table
@@ -14,24 +15,24 @@ from textual.widgets import Sparkline, Static
 from .fmt import ms, pct, plural
 
 SPARK_POINTS = 60
-# what the panel's rows mean (F2 shows it): a trip is one pass around the ring, the unit every number here counts
+# what the panel's rows mean (F2 shows it): a round is one trip around the ring, the unit every number here counts
 LEGEND = [
-    ("tok/s", "tokens per second of the answer: now = over its last 8 trips, avg = since it started (the prompt's "
-              "reading included), peak = the best \"now\""),
-    ("(the line)", f"tok/s now after each trip, the last {SPARK_POINTS} trips, the newest on the right"),
-    ("tokens/trip", "tokens the answer gained per trip around the ring (the host sends its drafted guesses, every "
-                    "member runs its layers, the host checks the guesses): avg over the answer, and the last trip's. "
-                    "Above 1 means guesses were right: several tokens for the time of one"),
+    ("tok/s", "new tokens per second of the answer. now: over its last 8 rounds (once the prompt is read); avg: "
+              "all its tokens over its whole time, the prompt's reading (prefill) and the first token included, as "
+              "in ask --json and sfchat bench; peak: the best \"now\""),
+    ("(the line)", f"tok/s now after each round, the last {SPARK_POINTS} rounds, the newest on the right"),
+    ("tokens/round", "tokens the answer gained per round, one trip around the ring (the host sends its drafted "
+                     "guesses, every member runs its layers, the host checks the guesses): avg over the answer, and "
+                     "the last round's. Above 1 means guesses were right: several tokens for the time of one"),
     ("accepted", "the share of drafted tokens the model agreed with (accepted/drafted)"),
-    ("K", "drafted tokens sent per trip: avg and last; (tree): guesses branching where the draft was unsure. "
+    ("K", "drafted tokens sent per round: avg and last; (tree): guesses branching where the draft was unsure. "
           "The K setting below is what you chose: /k"),
-    ("last trip", "how long the last trip took, split into:"),
-    ("  draft", "guessing on the host (what could not overlap the trip before)"),
-    ("  host", "the host's own layers, embedding and head"),
+    ("last round", "how long the last round took, split into:"),
+    ("  draft", "guessing on the host (what could not overlap the round before)"),
+    ("  host", "the host's own layers, embedding and head, and checking the guesses against what the model chose"),
     ("  network", "the hidden states in transit between members"),
     ("  peers", "the other members' layers, added up"),
-    ("  verify", "checking the guesses against what the model chose"),
-    ("since start", "answers and tokens since sfchat started, and their tokens per second"),
+    ("since start", "answers and tokens since sfchat started, and their tokens per second (prefill included)"),
     ("temp … draft", "the settings the next answer uses: /temp, /k and /draft change them"),
 ]
 REFRESH_S = 0.1  # a tiny model commits ~100 rounds a second; redrawing the panel that often starves the keyboard
@@ -108,19 +109,19 @@ class StatsPanel(Vertical):
         title = Text("this answer" if self.live or not r else "the last answer", style="dim")
         self.query_one("#rounds", Static).update(_stack(title, _grid([
             # one round = one trip around the ring: the host sends drafts, every member computes, the host verifies
-            ("tokens/trip", f"{s['tokens_per_round']:.2f} avg, {r['committed']} last" if r else "—"),
+            ("tokens/round", f"{s['tokens_per_round']:.2f} avg, {r['committed']} last" if r else "—"),
             ("accepted", f"{pct(s.get('acceptance'))} ({s.get('accepted', 0)}/{s.get('drafted', 0)} drafts)"
              if s else "—"),
-            # K measured: drafts sent per trip (the setting, pinned or adaptive, is shown apart below)
+            # K measured: drafts sent per round (the setting, pinned or adaptive, is shown apart below)
             ("K", f"{s.get('drafted', 0) / rounds:.1f} avg, {r['k']} last"
                   f"{' (tree)' if r.get('tree') and r['k'] else ''}"
              if r and rounds else "—"),
-            ("last trip", ms(r.get("round_ms"))),
+            ("last round", ms(r.get("round_ms"))),
             ("  draft", ms(r.get("draft_ms"))),
-            ("  host", ms(r.get("host_ms"))),
+            # checking the guesses takes microseconds (a tenth of a ms shows 0.0): it counts with the host's work
+            ("  host", ms(r["host_ms"] + r["verify_ms"]) if r else "—"),
             ("  network", ms(r.get("network_ms"))),
             ("  peers", ms(sum(peers)) if r else "—"),
-            ("  verify", ms(r.get("verify_ms"))),
         ])), layout=layout)
 
     def show_session(self) -> None:
