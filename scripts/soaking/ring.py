@@ -101,7 +101,7 @@ class Ring:
         self.key, self.token, self.workdir = key, token, workdir
         env = dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_TOKEN=token, PYTHONUNBUFFERED="1")
         py = [sys.executable, "-m", "sfchat"]
-        self.host = Proc("host", [*py, "serve", "--model", model, "--listen", f"127.0.0.1:{self.http_port}",
+        self.host = Proc("host", [*py, "serve", "--model", model, "--http-listen", f"127.0.0.1:{self.http_port}",
                                   "--ring-listen", f"127.0.0.1:{self.ring_port}", "--token", token,
                                   "--api-key", key, "--wait-peers", str(peers), "--max-conversations", str(clients),
                                   "--keep-alive-s", "1", *serve_args], env, workdir / "host.log")
