@@ -91,8 +91,8 @@ class SessionCache:
     def get_seq_length(self) -> int:  # (as transformers' caches: what drafting together reads and rolls back)
         return self.length
 
-    def crop(self, n: int) -> None:
-        self.length = min(self.length, n)
+    def crop(self, n: int) -> None:  # n < 0: drop that many positions; else keep the first n
+        self.length = max(0, self.length + n) if n < 0 else min(self.length, n)
 
 
 class Writer:

@@ -3,7 +3,9 @@ what its LM head's product (the largest matrix) costs by the number of rows, as 
 as a CPU shard does (W @ x^T, peers/cpu_linear.py). The cost is no straight line in the positions, which is why
 the host measures each size of pass instead of fitting one.
 
-    python scripts/pass_cost.py [--max-positions N] [--context N]
+    python scripts/pass_cost.py [--max-positions N] [--context N] [--threads N] [--cpu-time]
+
+--cpu-time measures the process's CPU time instead of the wall clock: steadier on a machine other work shares.
 """
 from __future__ import annotations
 
@@ -23,12 +25,15 @@ from peers.cpu_linear import use_columns  # noqa: E402
 from peers.shard import Shard, Span, load_config  # noqa: E402
 
 
+CLOCK = time.perf_counter
+
+
 def median_ms(fn, repeats: int = 12) -> float:
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        times.append((time.perf_counter() - t0) * 1e3)
+        times.append((CLOCK() - t0) * 1e3)
     return statistics.median(times[2:])
 
 
@@ -36,7 +41,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--max-positions", type=int, default=12)
     p.add_argument("--context", type=int, default=300, help="positions already in the cache (default 300)")
+    p.add_argument("--threads", type=int, help="torch's CPU threads (default: its own choice)")
+    p.add_argument("--cpu-time", action="store_true", help="the process's CPU time, not the wall clock")
     a = p.parse_args()
+    global CLOCK
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.cpu_time:
+        CLOCK = time.process_time
     model = models_dir() / DEFAULT_MODEL
     n = load_config(model).num_hidden_layers
     shard = Shard(model, Span(0, n, n), embed=True, head=True)

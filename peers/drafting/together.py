@@ -165,12 +165,19 @@ class Together:
                 log.warning("drafting %d conversations in one forward failed (%s: %s); each drafts this step alone",
                             len(steps), type(e).__name__, e)
                 for (_, step), n in zip(steps, before):
-                    step.cache.crop(n)
+                    rewind(step.cache, n)
         outs = []
         for (r, step), n in zip(steps, before):
             try:
                 outs.append(r.drafter._run(step))
             except Exception as e:
-                step.cache.crop(n)
+                rewind(step.cache, n)
                 outs.append(e)
         return outs
+
+
+def rewind(cache, n: int) -> None:
+    """Back to n positions, what a failed forward found (transformers' caches crop by a negative count)."""
+    extra = cache.get_seq_length() - n
+    if extra > 0:
+        cache.crop(-extra)
