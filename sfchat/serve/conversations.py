@@ -76,7 +76,7 @@ class Conversations:
         self.replan_wait_s = replan_wait_s
         self.url = ""  # where it is served, once it is
         self.on_change = on_change or (lambda: None)
-        self.context = context_limit(host.config)
+        self.context = min(context_limit(host.config), host.max_context)  # what the ring's caches were planned for
 
     def prepare(self, req: ChatRequest) -> Job:
         """Render and check the request before any answer starts (400 context_length_exceeded: no room left)."""
@@ -88,12 +88,16 @@ class Conversations:
         if room < 1:
             raise ApiError(400, f"the prompt is {len(prompt)} tokens; the model's context holds {self.context}",
                            param="messages", code="context_length_exceeded")
+        if req.max_tokens is not None and req.max_tokens > room:  # as OpenAI's API: refused, not silently cut
+            raise ApiError(400, f"'{req.max_tokens_param}' is {req.max_tokens}, but the context holds {self.context} "
+                           f"tokens and the prompt takes {len(prompt)}: {room} are left for the answer",
+                           param=req.max_tokens_param, code="context_length_exceeded")
         temperature = self.answer.temperature if req.temperature is None else req.temperature
         top_p = self.answer.top_p if req.top_p is None else req.top_p
         greedy = temperature == 0 or top_p == 0
         params = SamplingParams(0.0 if greedy else temperature, self.answer.top_k, 1.0 if greedy else top_p,
                                 self.answer.seed if req.seed is None else req.seed)
-        return Job(req, prompt, min(req.max_tokens or room, room), params)
+        return Job(req, prompt, req.max_tokens or room, params)
 
     async def ring_ready(self) -> None:
         """Wait out a re-plan in progress; 503 if it takes longer than replan_wait_s."""
