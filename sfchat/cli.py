@@ -313,6 +313,7 @@ def cmd_host(args) -> int:
         from .serve.command import check_serve
 
         check_serve(opts.serve)
+        logging.getLogger("sfchat.serve.access").setLevel(logging.INFO)
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
         if args.resume:
             raise ValueError("--resume reopens a chat on the chat screen: run it in a terminal, without --headless")
@@ -364,6 +365,7 @@ def cmd_serve(args) -> int:
         args.serve = args.old_listen
     opts = ring_options(args)
     check_serve(opts.serve)
+    logging.getLogger("sfchat.serve.access").setLevel(logging.INFO)  # a line per request, as HTTP servers log
     return trio.run(serve_command, opts)
 
 

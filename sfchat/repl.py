@@ -25,6 +25,7 @@ from .serve.command import serving_beside
 from .tui.commands import HELP, CommandError, current_k, current_temperature, parse
 
 SCREEN_ONLY = ("chats", "copy")
+QUIT = [("/quit, Ctrl+D", "end the ring and quit (its members are told)")]
 
 
 class Lines:
@@ -183,7 +184,7 @@ class HeadlessChat:
         elif cmd.name == "invite":
             say(invite_for(self.opts, self.ring.host))
         elif cmd.name == "help":
-            say("\n".join(f"  {c:<28} {what}" for c, what in HELP if c.split()[0][1:] not in SCREEN_ONLY))
+            say("\n".join(f"  {c:<28} {what}" for c, what in HELP + QUIT if c.split()[0][1:] not in SCREEN_ONLY))
         elif cmd.name == "save":
             say(export(self.chat, cmd.value))
         else:

@@ -16,7 +16,7 @@ KEY = "test-key"
 
 class Server:
     def __init__(self, model: Path, log: Path, *args: str, peers: int = 0, timeout: float = 180):
-        cmd = [sys.executable, "-m", "sfchat", "serve", "--model", str(model), "--listen", "127.0.0.1:0",
+        cmd = [sys.executable, "-m", "sfchat", "serve", "--model", str(model), "--http-listen", "127.0.0.1:0",
                "--ring-listen", "127.0.0.1:0", "--local-peers", str(peers), "--api-key", KEY, *args]
         self.log = log
         with open(log, "w") as out:

@@ -208,6 +208,7 @@ def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_pa
     err = p.stderr
     assert "+ member 1 (local-a) joined from 127.0.0.1:" in err  # joins are lines of their own
     assert "/k [N|auto]" in err and "/chats" not in err  # the same commands as the chat screen, minus its own
+    assert "/quit, Ctrl+D" in err  # and how to leave
     assert "/k: K must be auto or a whole number 0..32, got 'abc'" in err and "K 2; saved in" in err
     assert "K is 2, pinned" in err and "The temperature is 0 " in err  # alone, they show the value
     assert "cannot write /nonexistent/dir/x.md: there is no folder /nonexistent/dir" in err

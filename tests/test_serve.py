@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
+import re
 
 import httpx
 import openai
@@ -129,6 +130,20 @@ def test_error_shapes(server, tiny_llama):
     with pytest.raises(openai.BadRequestError) as e:
         client(server).chat.completions.create(model=tiny_llama.name, messages=user("word " * 600))
     assert e.value.code == "context_length_exceeded"
+    # an answer longer than the context has room for is refused as OpenAI refuses it, naming the room left
+    with pytest.raises(openai.BadRequestError) as e:
+        client(server).chat.completions.create(model=tiny_llama.name, messages=user("hi"), max_tokens=100000)
+    assert (e.value.code, e.value.param) == ("context_length_exceeded", "max_tokens")
+    assert "'max_tokens' is 100000, but the context holds 512 tokens and the prompt takes " in e.value.message
+    assert re.search(r": \d+ are left for the answer", e.value.message)
+    err = error_of(post(ok | {"max_tokens": None, "max_completion_tokens": 513}), 400)
+    assert err["param"] == "max_completion_tokens" and "are left for the answer" in err["message"]
+    # one line per request in the server's log: client, method and path, status, tokens, time
+    assert post(ok).status_code == 200
+    log = server.log.read_text()
+    assert re.search(r'127\.0\.0\.1:\d+ "POST /v1/chat/completions" 400 \d+\.\d\d s', log)
+    assert re.search(r'"GET /v1/models" 401 ', log)
+    assert re.search(r'"POST /v1/chat/completions" 200 \d+ tokens \d+\.\d\d s', log), log
 
 
 def test_health_is_open_and_its_members_need_the_key(server):

@@ -10,6 +10,7 @@ import uuid
 
 import trio
 
+from .access import TOKENS
 from .conversations import Conversations, Job
 from .errors import ApiError
 from .sse import DONE, HEADERS, KEEP_ALIVE, Stream, completion, event
@@ -21,6 +22,7 @@ class CompletionResponse:
         self.stream = Stream("chatcmpl-" + uuid.uuid4().hex, int(time.time()), model, job.request.include_usage)
 
     async def __call__(self, scope, receive, send) -> None:
+        self.scope = scope  # the access log's line takes the answer's tokens from it
         items_in, self.items = trio.open_memory_channel(math.inf)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch, receive, nursery.cancel_scope)
@@ -42,6 +44,7 @@ class CompletionResponse:
         except ApiError as e:
             items.send_nowait(("error", e))
         else:
+            self.scope[TOKENS] = outcome.completion_tokens
             items.send_nowait(("done", outcome))
 
     def usage(self, completion_tokens: int) -> dict:

@@ -24,6 +24,8 @@ from .request import ChatRequest
 from .stops import StopFilter
 
 log = logging.getLogger("sfchat.serve")
+DEFAULT_LIMIT = 4  # when the ring's free memory says nothing better
+MAX_DEFAULT_LIMIT = 16
 
 
 @dataclass
@@ -41,21 +43,40 @@ class Outcome:
     stats: dict = field(default_factory=dict)
 
 
+def kv_bytes_per_position(config, n_layers: int, itemsize: int) -> int:
+    """Keys and values of one position in n_layers layers."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * n_layers * heads * head_dim * itemsize
+
+
+def default_limit(host) -> int:
+    """As many full-context conversations as the tightest stage's free memory holds, within [1, 16]."""
+    from peers.memory import free_bytes
+    from peers.tensors import DTYPES
+
+    c, itemsize = host.config, DTYPES[host.dtype].itemsize
+    ctx = getattr(c, "max_position_embeddings", 2048) or 2048
+    stages = [(host.shard.span.size if host.shard else 0, free_bytes(host.device))]
+    stages += [(m.span.size, m.free_bytes - max(m.rss - m.rss_before, 0)) for m in host.ring]
+    fits = [free // max(kv_bytes_per_position(c, n, itemsize) * ctx, 1) for n, free in stages if n]
+    return int(min(max(min(fits), 1), MAX_DEFAULT_LIMIT)) if fits else DEFAULT_LIMIT
+
+
 class Conversations:
     def __init__(self, host, tokenizer, eos: set[int], drafter: Drafter, *, limit: int | None = None,
                  replan_wait_s: float = 30.0, on_change=None, answer: AnswerOptions = AnswerOptions()):
         self.host, self.tokenizer, self.eos, self.drafter = host, tokenizer, eos, drafter
         self.answer = answer  # the server's sampling, for what a request leaves out
         self.policy = KPolicy()  # pass costs are the ring's, whichever conversation measured them
-        # as many answers at once as every member's KV arena has rows for (peers/kv.py); more wait in line
-        self.limit = min(limit or host.conversations, host.conversations)
+        self.limit = limit or default_limit(host)
         self.admission = trio.CapacityLimiter(self.limit)  # wakes waiters in FIFO order
         self.waiting = 0
         self.open: dict[str, int] = {}  # conversation id -> tokens generated so far
         self.replan_wait_s = replan_wait_s
         self.url = ""  # where it is served, once it is
         self.on_change = on_change or (lambda: None)
-        self.context = min(context_limit(host.config), host.max_context)
+        self.context = min(context_limit(host.config), host.max_context)  # what the ring's caches were planned for
 
     def prepare(self, req: ChatRequest) -> Job:
         """Render and check the request before any answer starts (400 context_length_exceeded: no room left)."""
@@ -67,12 +88,16 @@ class Conversations:
         if room < 1:
             raise ApiError(400, f"the prompt is {len(prompt)} tokens; the model's context holds {self.context}",
                            param="messages", code="context_length_exceeded")
+        if req.max_tokens is not None and req.max_tokens > room:  # as OpenAI's API: refused, not silently cut
+            raise ApiError(400, f"'{req.max_tokens_param}' is {req.max_tokens}, but the context holds {self.context} "
+                           f"tokens and the prompt takes {len(prompt)}: {room} are left for the answer",
+                           param=req.max_tokens_param, code="context_length_exceeded")
         temperature = self.answer.temperature if req.temperature is None else req.temperature
         top_p = self.answer.top_p if req.top_p is None else req.top_p
         greedy = temperature == 0 or top_p == 0
         params = SamplingParams(0.0 if greedy else temperature, self.answer.top_k, 1.0 if greedy else top_p,
                                 self.answer.seed if req.seed is None else req.seed)
-        return Job(req, prompt, min(req.max_tokens or room, room), params)
+        return Job(req, prompt, req.max_tokens or room, params)
 
     async def ring_ready(self) -> None:
         """Wait out a re-plan in progress; 503 if it takes longer than replan_wait_s."""

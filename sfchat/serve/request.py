@@ -18,6 +18,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None
+    max_tokens_param: str = "max_tokens"  # the name the request gave it (max_completion_tokens, its newer name)
     temperature: float | None = None  # None: the server's --temperature (the model's default), not OpenAI's 1
     top_p: float | None = None  # None: the server's --top-p
     seed: int | None = None
@@ -102,10 +103,10 @@ def parse(raw: bytes) -> ChatRequest:
         raise bad("'stream' must be a boolean and 'stream_options' an object", "stream")
     if options and not stream:
         raise bad("'stream_options' is only allowed with stream: true", "stream_options")
-    max_tokens = _int(body, "max_completion_tokens", 1)
-    max_tokens = max_tokens if max_tokens is not None else _int(body, "max_tokens", 1)
+    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _int(body, param, 1)
     seed = _int(body, "seed", -(2**63))
     return ChatRequest(model=body["model"], messages=_messages(body), stream=stream,
-                       include_usage=bool(options.get("include_usage")), max_tokens=max_tokens,
+                       include_usage=bool(options.get("include_usage")), max_tokens=max_tokens, max_tokens_param=param,
                        temperature=_number(body, "temperature", 0, 2, None), top_p=_number(body, "top_p", 0, 1, None),
                        seed=None if seed is None else seed % 2**31, stop=_stop(body))

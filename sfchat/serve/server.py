@@ -9,6 +9,7 @@ from hypercorn.trio import serve
 
 from peers.channel import parse_addr
 
+from .access import AccessLog
 from .app import build_app
 from .auth import check_exposure
 from .conversations import Conversations
@@ -27,5 +28,5 @@ async def serve_api(conversations: Conversations, listen: str = DEFAULT_LISTEN, 
     config.accesslog = None
     config.errorlog = logging.getLogger("sfchat.serve.http")
     config.keep_alive_timeout = 75  # clients reuse connections between requests
-    app = build_app(conversations, api_key=api_key, keepalive_s=keepalive_s)
+    app = AccessLog(build_app(conversations, api_key=api_key, keepalive_s=keepalive_s))
     await serve(app, config, shutdown_trigger=trio.sleep_forever, task_status=task_status)
