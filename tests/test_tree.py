@@ -57,7 +57,7 @@ def test_greedy_verification_walks_down_the_tree():
 def test_a_tree_made_level_by_level_is_laid_out_depth_first_with_the_main_chain_leading():
     # level by level: a, b under the root; c, d under a; e under b; f under c
     tokens, parents, sure = [1, 2, 3, 4, 5, 6], [-1, -1, 0, 0, 1, 2], [0.6, 0.3, 0.4, 0.1, 0.2, 0.3]
-    d = depth_first(tokens, parents, sure, {0: 3, 1: 5, 2: 6, 5: 9})
+    d, _ = depth_first(tokens, parents, sure, {0: 3, 1: 5, 2: 6, 5: 9})
     assert d.tokens == [1, 3, 6, 4, 2, 5] and d.parents == [-1, 0, 1, 0, -1, 4]
     assert d.sure == [0.6, 0.4, 0.3, 0.1, 0.3, 0.2] and d.chain == 3 and d.guess == 9
     assert [d.path(i) for i in (2, 5)] == [[1, 3, 6], [2, 5]]
@@ -97,7 +97,7 @@ class OracleTrees(Drafter):
     def __init__(self, truth: list[int]):
         self.truth, self.asked = truth, 0  # asked: by a round itself, not by a look-ahead
 
-    def propose_tree(self, context, floor, depth, max_nodes, stop=None):
+    def propose_tree(self, context, floor, depth, max_nodes, stop=None, params=None):
         t = self.truth[len(context):] + [0] * 4
         wrong = [(x + 1) % 300 for x in t]
         self.asked += stop is None
