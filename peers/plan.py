@@ -20,6 +20,7 @@ CUDA_MARGIN = 1 << 30  # what the CUDA context, cuBLAS workspaces and allocator 
 MAX_CONTEXT = 8192  # the default --max-context: the model's own limit, capped here
 MAX_PASS_POSITIONS = 1024  # a longer pass (prefill, replay) is cut into chunks of at most this many positions
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # pass lengths a CUDA graph is captured for (a pass is padded up to one)
+MAX_NODES = GRAPH_BUCKETS[-1] // 2  # a round's tree of drafts at most: with the tokens carried before it, one bucket
 KV_BLOCK = 256  # a conversation's static KV cache grows by this many positions at a time (peers/kv.py)
 
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .plan import MAX_NODES  # noqa: F401 (a tree's nodes at most)
+
 BRANCHES = 3  # children per node at most (each kept only if its chance beats the floor, like any node)
-MAX_NODES = 64  # drafts per tree at most: with the tokens a pass carries before them, its largest graph bucket
 
 
 @dataclass

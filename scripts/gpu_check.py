@@ -33,7 +33,7 @@ QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                     num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=1e5,
                     rms_norm_eps=1e-5, tie_word_embeddings=True)
-SIMULATED = "simulated:0.6,0.8"
+SIMULATED = "simulated:0.6/0.8"
 KEEP = ("mode", "rtt_ms", "draft", "error", "tokens_per_second", "tokens_per_round", "acceptance",
         "compute_ms_per_round", "members", "pass_ms")
 

@@ -12,6 +12,7 @@ import torch
 from ..cpu_linear import use_columns
 from ..sampling import draw, pad_vocab, position_generator
 from .base import Drafter, common_prefix
+from .model_tree import draft_tree
 
 log = logging.getLogger("peers.drafting")
 STATIC_LEN = 4096  # positions in a static draft cache; past them the draft goes on eagerly
@@ -152,6 +153,44 @@ class ModelDrafter(Drafter):
 
     def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
         return self._on_graph_thread(self._propose, context, n, params, stop)
+
+    trees = True  # peers/drafting/model_tree.py
+
+    def propose_tree(self, context, floor, depth, max_nodes, stop=None, params=None):
+        return self._on_graph_thread(self._propose_tree, context, floor, depth, max_nodes, stop, params)
+
+    @torch.inference_mode()
+    def _propose_tree(self, context, floor, depth, max_nodes, stop, params):
+        t0 = time.perf_counter()
+        if self.static and len(context) + depth * max_nodes > self.max_len:  # (a tree's entries at most)
+            self._go_eager()
+        d = draft_tree(self, context, floor, depth, max_nodes, stop, params)
+        self._measure(time.perf_counter() - t0, max(len(d.tokens), 1))
+        return d
+
+    # what a tree asks of the draft (model_tree.py)
+    def sync(self, context: list[int]) -> torch.Tensor:
+        """The cache follows the context; the logits after its last token."""
+        self._sync(context)
+        return self.next_logits
+
+    def forward_nodes(self, ids: list[int], positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab] after each of these tokens at these positions, each seeing what `mask` [1, 1, n,
+        cache + n] lets it; their keys and values are appended to the cache (drop takes them back)."""
+        v = self.draft_vocab
+        if self.static:  # a static cache's keys run to its end: the columns past the entries see nothing
+            mask = torch.nn.functional.pad(mask, (0, self.max_len - mask.shape[-1]))
+        dtype = self.model.dtype
+        additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+        out = self.model(input_ids=torch.tensor([[t if t < v else 0 for t in ids]], device=self.device),
+                         position_ids=positions.to(self.device), attention_mask=additive.to(self.device),
+                         cache=self.cache, use_cache=True)
+        return out.logits[0].float()
+
+    def drop(self, n: int) -> None:
+        """Forget the cache's last n entries (a tree's)."""
+        if n:
+            self.cache.crop(-n)
 
     def reset(self) -> None:
         return self._on_graph_thread(self._reset)

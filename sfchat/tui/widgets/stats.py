@@ -23,8 +23,10 @@ LEGEND = [
                     "member runs its layers, the host checks the guesses): avg over the answer, and the last trip's. "
                     "Above 1 means guesses were right: several tokens for the time of one"),
     ("accepted", "the share of drafted tokens the model agreed with (accepted/drafted)"),
-    ("K", "drafted tokens sent per trip: avg and last; (tree): guesses branching where the draft was unsure. "
-          "The K setting below is what you chose: /k"),
+    ("K", "drafted tokens sent per trip: avg and last. (tree N deep, M taken): the last trip's guesses were a "
+          "tree (second and third guesses where the draft was unsure, each with its own continuation) of N "
+          "levels, and the model took M of them, one per level down the tree. The K setting below is what you "
+          "chose: /k"),
     ("last trip", "how long the last trip took, split into:"),
     ("  draft", "guessing on the host (what could not overlap the trip before)"),
     ("  host", "the host's own layers, embedding and head"),
@@ -112,9 +114,7 @@ class StatsPanel(Vertical):
             ("accepted", f"{pct(s.get('acceptance'))} ({s.get('accepted', 0)}/{s.get('drafted', 0)} drafts)"
              if s else "—"),
             # K measured: drafts sent per trip (the setting, pinned or adaptive, is shown apart below)
-            ("K", f"{s.get('drafted', 0) / rounds:.1f} avg, {r['k']} last"
-                  f"{' (tree)' if r.get('tree') and r['k'] else ''}"
-             if r and rounds else "—"),
+            ("K", f"{s.get('drafted', 0) / rounds:.1f} avg, {r['k']} last{_shape(r)}" if r and rounds else "—"),
             ("last trip", ms(r.get("round_ms"))),
             ("  draft", ms(r.get("draft_ms"))),
             ("  host", ms(r.get("host_ms"))),
@@ -133,6 +133,11 @@ class StatsPanel(Vertical):
         self.query_one("#settings", Static).update(_grid([
             ("temp", f"{temperature:g}"), ("K setting", "auto (adapts)" if k is None else f"{k} (pinned)"),
             ("draft", drafter)]))
+
+
+def _shape(r: dict) -> str:
+    """A tree round's shape: its levels and how far down the model took it."""
+    return f" (tree {r.get('depth', 0)} deep, {r['accepted']} taken)" if r.get("tree") and r.get("drafted") else ""
 
 
 def _stack(*parts) -> Table:
