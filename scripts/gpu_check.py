@@ -8,6 +8,7 @@ recorded, and the rest run):
   with two local peers: in bfloat16, transformers, ring and ring-spec at simulated acceptances 0.6 and 0.8
   (random weights have no real draft: a simulated one has a known acceptance) at 0, 86 and 175 ms; the ring at 0
   and 86 ms without CUDA graphs, where bench has --no-graphs; the same in NF4 (transformers runs no NF4 here);
+- the same model, ring-spec at 86 ms with simulated:0.6,0.6: the default policy's trees against --no-trees;
 - a model of SmolLM2-135M's shape in float32 drafting itself through the ring (acceptance >= 0.95: the
   machinery is exact), and its CUDA-graph draft against eager.
 Every bench row carries each member's memory and peak, and its milliseconds per pass at T=1 and T=K+1.
@@ -34,6 +35,7 @@ SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=3
                     num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=1e5,
                     rms_norm_eps=1e-5, tie_word_embeddings=True)
 SIMULATED = "simulated:0.6/0.8"
+TREES = "simulated:0.6,0.6"
 KEEP = ("mode", "rtt_ms", "draft", "error", "tokens_per_second", "tokens_per_round", "acceptance",
         "compute_ms_per_round", "members", "pass_ms")
 
@@ -118,6 +120,17 @@ def bench(model: Path, out: Path, cap: float, *, dtype="bfloat16", quant="none",
                                                                  if code != 0 else [])
 
 
+def trees_vs_chains(model: Path, work: Path) -> list[dict]:
+    """ring-spec at 86 ms, simulated:0.6,0.6 (a second guess right 60% of the time where the first is wrong):
+    the default policy's trees against chains (--no-trees)."""
+    rows = []
+    for extra in ((), ("--no-trees",)):
+        got = bench(model, work / f"trees{len(extra)}.json", 60, modes="ring-spec", draft=TREES, rtts="86",
+                    extra=extra)
+        rows += [r | {"trees": not extra} for r in got]
+    return rows
+
+
 def draft_graphs(model: Path) -> list[dict]:
     code, out, err = run([sys.executable, "scripts/gpu_draft_bench.py", "--model", str(model), "--tokens", "128"],
                          60)
@@ -139,7 +152,11 @@ def summary(result: dict) -> dict:
     bf16 = result.get("7b_bfloat16", [])
     spec, ring = tok_s(bf16, "ring-spec", 86.0, "simulated acceptance 0.8"), tok_s(bf16, "ring", 86.0)
     self_draft = [r for r in result.get("self_draft_float32", []) if isinstance(r, dict) and r.get("acceptance")]
+    trees = {r.get("trees"): r.get("tokens_per_second") for r in result.get("7b_trees", [])
+             if isinstance(r, dict) and "error" not in r}
     return {"spec_0.8_over_ring_at_86ms_bf16": round(spec / ring, 2) if spec and ring else None,
+            "trees_over_chains_at_86ms_bf16": round(trees[True] / trees[False], 2)
+            if trees.get(True) and trees.get(False) else None,
             "self_draft_acceptance": self_draft[0]["acceptance"] if self_draft else None}
 
 
@@ -163,6 +180,7 @@ def main() -> int:
         stage(result, "build_7b_shape", lambda: str(build_shape(big, "Qwen2Config", QWEN25_7B)))
         if "error" not in result["build_7b_shape"]:
             stage(result, "7b_bfloat16", lambda: bench(big, work / "bf16.json", 150))
+            stage(result, "7b_trees", lambda: trees_vs_chains(big, work))
             if bench_has("--no-graphs"):
                 stage(result, "7b_bfloat16_ring_no_graphs",
                       lambda: bench(big, work / "nographs.json", 50, modes="ring", rtts="0,86",
