@@ -1,6 +1,6 @@
 """CUDA graphs of a shard's short passes: one per (conversation slot, T bucket), captured lazily, replayed after.
 
-A pass of T <= 32 positions is padded up to its bucket (1, 2, 4, 8, 16, 32) and runs over the slot's whole
+A pass of T <= 128 positions is padded up to its bucket (1, 2, 4, … 128) and runs over the slot's whole
 capacity with a mask (peers/kv.py), so its shapes and addresses are the same every time and one captured graph
 replays it: one launch instead of one per kernel. Longer passes (prefill chunks) run eagerly. Slots with graphs
 are reused by the next conversation (kv.recycle), so a member captures a bucket once, not once per chat.
