@@ -125,7 +125,7 @@ def trees_vs_chains(model: Path, work: Path) -> list[dict]:
     the default policy's trees against chains (--no-trees)."""
     rows = []
     for extra in ((), ("--no-trees",)):
-        got = bench(model, work / f"trees{len(extra)}.json", 60, modes="ring-spec", draft=TREES, rtts="86",
+        got = bench(model, work / f"trees{len(extra)}.json", 90, modes="ring-spec", draft=TREES, rtts="86",
                     extra=extra)
         rows += [r | {"trees": not extra} for r in got]
     return rows
