@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import trio
 
 from .shaped_relay import shaped_relay
+from .tree_args import tree_args
 
 DEFAULT_PROMPTS = [
     "Explain quantum entanglement in simple terms.",
@@ -40,9 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "with probability A, for speculation of a known acceptance; simulated:A,B: where the first guess "
                    "is wrong the second is right with probability B (trees); simulated:A/A2…: a row for each")
     p.add_argument("--k", type=int, help="pin the draft length (default: adaptive)")
-    from .cli import _tree_args
-
-    _tree_args(p)
+    tree_args(p)
     p.add_argument("--local-peers", type=int, default=1, metavar="N", help="peer processes in the ring (default 1)")
     p.add_argument("--rtt-ms", default="0,20,86,175", help="comma-separated ring round-trip times to emulate")
     p.add_argument("--prompts", help="a file with one prompt per line (default: three built-in prompts)")

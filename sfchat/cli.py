@@ -13,6 +13,7 @@ import trio
 from peers import models
 
 from . import __version__
+from .tree_args import tree_args
 from .local import die_with_parent
 from .user_errors import runnable, user_error
 
@@ -90,33 +91,12 @@ def _model_args(p: argparse.ArgumentParser, model_help: str = MODEL_HELP + " (de
                    "CUDA graphs of short passes")
 
 
-def _tree_args(p: argparse.ArgumentParser) -> None:
-    from peers.plan import MAX_NODES
-
-    p.add_argument("--tree-nodes", type=in_int_range(1, MAX_NODES), metavar="N",
-                   help="pin the drafted positions a round: a tree of N nodes, or with --no-trees a chain of N "
-                   "(default: as many as a pass's cost makes worth it)")
-    p.add_argument("--no-trees", action="store_true", help="draft in chains, never trees (to compare the two)")
-
-
-def in_int_range(low: int, high: int):
-    def check(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if not low <= n <= high:
-            raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {text}")
-        return n
-    return check
-
-
 def _gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-peers", type=at_least(0), default=0, metavar="N",
                    help="start N peer processes on this machine")
     p.add_argument("--draft", type=draft_word, help=DRAFT_HELP + " (default: auto)")
     p.add_argument("--k", type=at_least(0), help="pin the draft length (default: adaptive)")
-    _tree_args(p)
+    tree_args(p)
     p.add_argument("--max-new-tokens", type=at_least(1), default=256, metavar="N",
                    help="the longest answer, in tokens")
     p.add_argument("--max-context", type=at_least(1), metavar="N",
