@@ -31,6 +31,13 @@ of pass cost, and of greedy drafts made down to the floor the host verifies only
 the round's expected tokens per ms (select). It also compares what the drafter's confidences promised with what
 was accepted, and discounts them by that (trust): a confidence calibrated offline can be optimistic on other text.
 
+A tree of drafts (peers/tree.py) is sized by the same rule, node by node: a node whose chance of being reached
+(the drafter's, with every ancestor's) is P adds P tokens to the round, so the drafter grows the tree while its
+nodes' chances beat the floor, up to max_nodes, and `select` keeps the likeliest n that maximise the round's
+tokens per ms at the measured pass costs. On a GPU a pass of 64 positions costs about what one of 1 does, so
+the floor is low and trees grow to dozens of nodes; on a CPU each position costs, and they stay small.
+`--tree-nodes N` pins the drafted positions (a tree of N nodes, or with `--no-trees` a chain of N).
+
 Conversations that share a pass (peers/batcher.py) share one policy. R counts each round's share of the pass
 (pass ms / the rounds in it), so it is what the whole pass makes per ms; a position costs what it adds to the
 whole pass, and a draft what its share of the drafting run costs (peers/drafting/together.py): a draft must pay
@@ -41,6 +48,8 @@ line and the table of pass costs are over the pass's positions, all conversation
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .tree import MAX_NODES
 
 EXPLORE_EVERY = 8
 MIN_K_VARIANCE = 0.25  # below this spread of recent K, a fitted slope would be noise
@@ -75,6 +84,9 @@ class KPolicy:
     others: int = 0  # positions the last pass carried for other conversations
     trust: float = 1.0  # drafts accepted over the number the drafter's confidences promised (greedy rounds)
     _promised: tuple[float, float] = (0.0, 0.0)  # exponentially weighted (accepted, promised)
+    trees: bool = True  # False (--no-trees): drafts are chains
+    tree_nodes: int | None = None  # --tree-nodes N: N drafted positions a round (a tree's nodes, or a chain's)
+    max_nodes: int = MAX_NODES  # a tree's nodes at most
 
     @property
     def alpha(self) -> float:
@@ -90,10 +102,17 @@ class KPolicy:
             return 1
         return k
 
+    def nodes(self) -> int:
+        """The nodes a tree may have."""
+        return self.tree_nodes if self.tree_nodes is not None else self.max_nodes
+
     def plan(self, draft_ms: float, confident: bool = False) -> tuple[int, float]:
         """(K, floor): draft K tokens, or with a drafter that reports its confidence and once rounds have been
         measured, up to k_max of them while the product of its confidences stays at or above floor (the
-        confidences as measured: divided by how far they have promised more than was accepted)."""
+        confidences as measured: divided by how far they have promised more than was accepted). With
+        --tree-nodes N: K = N and no floor (a tree N deep at most, of N nodes)."""
+        if self.tree_nodes is not None:
+            return self.tree_nodes, 0.0
         if not confident or self.pinned is not None or self.spent <= 0:
             return self.choose(draft_ms), 0.0
         return self.k_max, self.made / self.spent * (self.verify_ms + draft_ms) / self.trust

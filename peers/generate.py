@@ -4,8 +4,9 @@ While a round is on the wire the drafter keeps drafting as if the round will be 
 bonus token will equal the draft's own next guess; when that comes true the next round starts at once with
 drafts that cost nothing on the critical path, otherwise that look-ahead is thrown away.
 
-A greedy round with a drafter that knows its confidence drafts a tree instead of a chain (peers/tree.py): its
-second and third guesses where they are likely enough, verified in the same pass.
+A drafter that ranks its guesses drafts a tree instead of a chain (peers/tree.py): its second and third guesses
+where they are likely enough, verified in the same pass; greedy rounds walk it by the target's argmax, sampled
+ones by recursive rejection sampling (peers/tree_sampling.py).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from .errors import MemberLeft
 from .host import Host, RingError, RingSession
 from .sampling import SamplingParams, verify_sampling
 from .stats import RoundStats, RunningStats
-from .tree import MAX_NODES, Draft, chain, on_chain, verify_greedy
+from .tree import Draft, chain, depths, on_chain, verify_greedy
+from .tree_sampling import verify_tree
 
 log = logging.getLogger("sfchat.generate")
 
@@ -148,9 +150,11 @@ class Speculation:
         draft, hidden_ms = await self._draft(tokens, k, floor, as_tree)
         draft_ms = (time.perf_counter() - t0) * 1e3
         pending = len(tokens) - self.host.committed(self.rs)  # tokens the ring lacks, carried before the drafts
-        by_confidence = self.params.greedy and floor > 0
+        by_confidence = floor > 0 and (self.params.greedy or as_tree)
         if by_confidence:  # as many of the likeliest drafts as the pass costs of this ring make worth it
             draft = draft.likeliest(self.policy.select(draft.sure, pending))
+        elif as_tree:  # --tree-nodes N
+            draft = draft.likeliest(self.policy.nodes())
         logits, timing = await self._pass(tokens, draft, as_tree, k, floor)
         t1 = time.perf_counter()
         path, nxt = self._verify(logits, draft, len(tokens))
@@ -164,27 +168,28 @@ class Speculation:
                        network_ms=round(timing["network_ms"], 3), host_ms=round(timing["host_ms"], 3),
                        peers=timing["peers"], verify_ms=round(verify_ms, 3),
                        round_ms=round((time.perf_counter() - t_round) * 1e3, 3), tree=as_tree,
-                       batch=timing.get("batch", 1))
+                       depth=max(depths(draft.parents), default=0), batch=timing.get("batch", 1))
         # a pass that carried B conversations' rounds: the policy weighs a draft against what the whole pass
         # makes per ms, and what a position costs by all the positions it carried (peers/adaptive.py)
         own = pending + len(drafts)
         self.policy.update(len(drafts), len(path), timing["pass_ms"] + verify_ms, own,
-                           sum(draft.sure) if by_confidence else None, share=1 / r.batch,
+                           sum(draft.sure) if by_confidence and self.params.greedy else None, share=1 / r.batch,
                            others=max(timing.get("positions", own) - own, 0))
         return r, new, at_eos
 
     def _plan(self, left: int) -> tuple[int, float, bool]:
         """K drafts, or up to K while the drafter's confidence stays above the floor (peers/adaptive.py); and
-        whether they form a tree."""
+        whether they form a tree (a tree's K is its depth at most)."""
         d = self.drafter
-        k, floor = self.policy.plan(d.ms_per_token, d.confident) if d.name != "none" else (0, 0.0)
+        as_tree = d.trees and self.policy.trees
+        k, floor = self.policy.plan(d.ms_per_token, d.confident or as_tree) if d.name != "none" else (0, 0.0)
         k = min(k, left - 1)
-        return k, floor, d.trees and self.params.greedy and floor > 0 and k > 0
+        return k, floor, as_tree and k > 0 and (floor > 0 or self.policy.tree_nodes is not None)
 
     async def _draft(self, tokens: list[int], k: int, floor: float, as_tree: bool) -> tuple[Draft, float]:
         ahead = self.look_ahead.for_context(tokens)
         if as_tree:
-            return await _tree(self.drafter, tokens, ahead, floor, k)
+            return await _tree(self.drafter, tokens, ahead, floor, k, self.policy.nodes(), self.params)
         # one draft more than K, the guess at the target's bonus token, when a look-ahead can build on it (it
         # drafts while the round is on the wire: a ring with peers)
         want = k + 1 if self.overlap and self.host.ring and k > 0 else k
@@ -198,7 +203,8 @@ class Speculation:
         failure = None
         async with trio.open_nursery() as nursery:
             if ahead is not None:
-                nursery.start_soon(_look_ahead, self.drafter, ahead, as_tree, k + 1, floor, self.params, stop, sent)
+                nursery.start_soon(_look_ahead, self.drafter, ahead, as_tree, k + 1, floor, self.params, stop, sent,
+                                   self.policy.nodes())
             try:
                 result = await self.host.forward(self.rs, tokens, draft.tokens, sent=sent,
                                                        parents=draft.parents if as_tree else None)
@@ -217,6 +223,8 @@ class Speculation:
         if self.params.greedy:
             return verify_greedy(self.rs.best, draft.tokens, draft.parents)  # the argmax came with the logits
         p = self.params.probs(logits)
+        if draft.parents != chain(draft.tokens):
+            return verify_tree(p, draft.q, draft.tokens, draft.parents, self.params.seed, position)
         n_acc, nxt = verify_sampling(p, draft.q, draft.tokens, self.params.seed, position)
         return list(range(n_acc)), nxt
 
@@ -267,23 +275,23 @@ async def _chain(drafter: Drafter, tokens: list[int], ahead: Ahead | None, want:
                  drafts[k] if len(drafts) > k else None), hidden_ms
 
 
-async def _tree(drafter: Drafter, tokens: list[int], ahead: Ahead | None, floor: float,
-                depth: int) -> tuple[Draft, float]:
+async def _tree(drafter: Drafter, tokens: list[int], ahead: Ahead | None, floor: float, depth: int,
+                max_nodes: int, params: SamplingParams) -> tuple[Draft, float]:
     """A tree of drafts: the look-ahead's, if its bet came true and it finished, else a new one."""
     if ahead is not None and ahead.done and ahead.draft.tokens:
         return ahead.draft, ahead.ms
-    return await drafter.draft_tree(tokens, floor, depth, MAX_NODES), 0.0
+    return await drafter.draft_tree(tokens, floor, depth, max_nodes, params=params), 0.0
 
 
 async def _look_ahead(drafter: Drafter, ahead: Ahead, as_tree: bool, n: int, floor: float, params: SamplingParams,
-                      stop: threading.Event, sent: trio.Event) -> None:
+                      stop: threading.Event, sent: trio.Event, max_nodes: int) -> None:
     # only once the frame is on the wire: before that the host computes its own layers, on the same cores
     await sent.wait()
     if stop.is_set():
         return
     t0 = time.perf_counter()
     if as_tree:
-        ahead.draft = await drafter.draft_tree(ahead.context, floor, n - 1, MAX_NODES, stop)
+        ahead.draft = await drafter.draft_tree(ahead.context, floor, n - 1, max_nodes, stop, params)
     else:
         tokens, q = await drafter.draft(ahead.context, n, params, stop, floor)
         ahead.draft = Draft(tokens, chain(tokens), list(drafter.confidence), q)

@@ -1,11 +1,11 @@
 """CUDA graphs of a shard's short passes: one per (B bucket, T bucket), captured at first use, replayed after.
 
-A pass of B conversations with at most 32 positions each is padded up to (B bucket, T bucket): B to 1, 2, 4, 8 or
-16 rows (an empty row writes to the arena's scratch row), T to 1, 2, 4, 8, 16 or 32 positions, and every row runs
-over its conversation's whole room in the arena (peers/kv.py) with a mask. So its shapes and addresses are the same
-every time and one captured graph replays it: one launch instead of one per kernel. The arena is never reallocated,
-so a graph stays valid for the member's life; each graph has its own input buffers. Longer passes (prefill chunks)
-and larger batches run eagerly.
+A pass of B conversations with at most 128 positions each is padded up to (B bucket, T bucket): B to 1, 2, 4, 8
+or 16 rows (an empty row writes to the arena's scratch row), T to 1, 2, 4, … 128 positions (a token and a tree of
+drafts), and every row runs over its conversation's whole room in the arena (peers/kv.py) with a mask. So its
+shapes and addresses are the same every time and one captured graph replays it: one launch instead of one per
+kernel. The arena is never reallocated, so a graph stays valid for the member's life; each graph has its own input
+buffers. Longer passes (prefill chunks) and larger batches run eagerly.
 
 Captures and replays run on the process's device runtime (peers/runtime.py). A shard that cannot capture (a
 quantized kernel that syncs, say) says so once and runs eagerly. On a CPU the same padded pass runs eagerly

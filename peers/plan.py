@@ -19,8 +19,9 @@ QUANT_BYTES = {"int8": 1.0, "nf4": 0.5 + 1 / 64 + 4 / (64 * 256)}
 CUDA_MARGIN = 1 << 30  # what the CUDA context, cuBLAS workspaces and allocator slack take beyond the tensors
 MAX_CONTEXT = 8192  # the default --max-context: the model's own limit, capped here
 MAX_PASS_POSITIONS = 1024  # a longer pass (prefill, replay) is cut into chunks of at most this many positions
-GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)  # pass lengths a CUDA graph is captured for (a pass is padded up to one)
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # pass lengths a CUDA graph is captured for (a pass is padded up to one)
 BATCH_BUCKETS = (1, 2, 4, 8, 16)  # conversations in a graphed pass (a batch is padded up to one)
+MAX_NODES = GRAPH_BUCKETS[-1] // 2  # a round's tree of drafts at most: with the tokens carried before it, one bucket
 CONVERSATIONS = 4  # the default --max-conversations: rows of the KV arena each member allocates (peers/kv.py)
 
 

@@ -19,7 +19,8 @@ class RoundStats:
     peers: list  # [[name, ms], ...]
     verify_ms: float
     round_ms: float
-    tree: bool = False  # the drafts were a tree (k of them, branching where the draft was unsure)
+    tree: bool = False  # the drafts were a tree (`drafted` nodes, branching where the draft was unsure) ...
+    depth: int = 0  # ... this many levels deep (a chain: its length); `accepted` is how deep the accepted path went
     batch: int = 1  # conversations whose rounds went round in the same pass (peers/batcher.py)
 
     def to_dict(self) -> dict:
@@ -33,6 +34,7 @@ class RunningStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    trees: int = 0  # rounds whose drafts were a tree
     draft_ms: float = 0.0
     hidden_draft_ms: float = 0.0
     peak_tps: float = 0.0
@@ -44,6 +46,7 @@ class RunningStats:
         self.rounds += 1
         self.drafted += r.drafted
         self.accepted += r.accepted
+        self.trees += r.tree
         self.draft_ms += r.draft_ms
         self.hidden_draft_ms += r.hidden_draft_ms
         self.window.append((r.committed, r.round_ms / 1e3))
@@ -70,7 +73,7 @@ class RunningStats:
         return {"tokens": self.tokens, "seconds": round(self.seconds, 4), "tokens_per_second": round(self.avg_tps, 3),
                 "tokens_per_second_now": round(self.now_tps, 3), "tokens_per_second_peak": round(self.peak_tps, 3),
                 "rounds": self.rounds, "tokens_per_round": round(self.tokens / self.rounds, 3) if self.rounds else 0.0,
-                "drafted": self.drafted, "accepted": self.accepted,
+                "drafted": self.drafted, "accepted": self.accepted, "tree_rounds": self.trees,
                 "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
                 "draft_ms": round(self.draft_ms, 2), "draft_hidden_fraction":
                     round(self.hidden_draft_ms / total_draft, 4) if total_draft else None}

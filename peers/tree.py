@@ -1,5 +1,6 @@
 """A round's drafts as a tree: where the draft is unsure, its second and third guesses are verified in the same
-ring pass as its first (SpecInfer, EAGLE-2). Greedy only: the target's argmax picks one child per node.
+ring pass as its first (SpecInfer, EAGLE-2). In a greedy round the target's argmax picks one child per node; in
+a sampled one, recursive rejection sampling (peers/tree_sampling.py).
 
 Layout. Node i follows node parents[i] (< i), or the context's last token (the root) for -1. The nodes are in
 depth-first order with the first child first, so the draft's main chain (its best guess at every step) is nodes
@@ -16,8 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .plan import MAX_NODES  # noqa: F401 (a tree's nodes at most)
+
 BRANCHES = 3  # children per node at most (each kept only if its chance beats the floor, like any node)
-MAX_NODES = 24  # drafts per tree at most (the confidence floor usually stops it well before)
 
 
 @dataclass
@@ -25,7 +27,7 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     sure: list[float] = field(default_factory=list)  # the drafter's chance that node i and its ancestors are accepted
-    q: torch.Tensor | None = None  # chains only (sampling): the distribution each draft was drawn from
+    q: torch.Tensor | None = None  # (sampling) the distribution each node was drawn from: its parent's
     guess: int | None = None  # the draft's bet on the token after the main chain (what a look-ahead builds on)
 
     def path(self, i: int) -> list[int]:
@@ -43,7 +45,7 @@ class Draft:
         kept = sorted(order[:n])
         index = {-1: -1} | {old: new for new, old in enumerate(kept)}
         d = Draft([self.tokens[i] for i in kept], [index[self.parents[i]] for i in kept],
-                  [self.sure[i] for i in kept], None, self.guess)
+                  [self.sure[i] for i in kept], self.q[kept] if self.q is not None else None, self.guess)
         if d.chain < self.chain:
             d.guess = self.tokens[d.chain]
         return d
@@ -57,17 +59,20 @@ class Draft:
         return n
 
 
-def depth_first(tokens: list[int], parents: list[int], sure: list[float], best_child: dict[int, int]) -> Draft:
+def depth_first(tokens: list[int], parents: list[int], sure: list[float],
+                best_child: dict[int, int]) -> tuple[Draft, list[int]]:
     """A tree made in any order in which parents come first and each parent's children likeliest first -> this
-    file's order (depth first, likeliest child first: the main chain leads). best_child: each expanded node's
-    likeliest next token, whether kept or not; the one after the main chain's last node is the guess."""
+    file's order (depth first, likeliest child first: the main chain leads), and where each node came from.
+    best_child: each expanded node's likeliest next token, whether kept or not; the one after the main chain's
+    last node is the guess."""
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents):
         children.setdefault(p, []).append(i)
-    d, index = Draft(), {-1: -1}
+    d, index, order = Draft(), {-1: -1}, []
     stack = list(reversed(children.get(-1, [])))
     while stack:
         i = stack.pop()
+        order.append(i)
         index[i] = len(d.tokens)
         d.tokens.append(tokens[i])
         d.parents.append(index[parents[i]])
@@ -77,7 +82,7 @@ def depth_first(tokens: list[int], parents: list[int], sure: list[float], best_c
     while children.get(last):
         last = children[last][0]
     d.guess = best_child.get(last)
-    return d
+    return d, order
 
 
 def chain(tokens: list[int]) -> list[int]:

@@ -11,6 +11,7 @@ recorded, and the rest run):
   and 86 ms without CUDA graphs, where bench has --no-graphs; the same in NF4 (transformers runs no NF4 here);
 - the 7B shape served to 2 and 4 clients at once (their rounds packed in graphed passes), an answer of 1,000
   tokens;
+- the same model, ring-spec at 86 ms with simulated:0.6,0.6: the default policy's trees against --no-trees;
 - a model of SmolLM2-135M's shape in float32 drafting itself through the ring (acceptance >= 0.95: the
   machinery is exact), and in bfloat16 (the model draft on the engine, in the host's dtype).
 Every bench row carries each member's memory and peak against what the plan counts for it, the CUDA graphs it
@@ -38,7 +39,8 @@ QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                     num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=1e5,
                     rms_norm_eps=1e-5, tie_word_embeddings=True)
-SIMULATED = "simulated:0.6,0.8"
+SIMULATED = "simulated:0.6/0.8"
+TREES = "simulated:0.6,0.6"
 KEEP = ("mode", "rtt_ms", "draft", "error", "tokens_per_second", "tokens_per_round", "acceptance",
         "compute_ms_per_round", "members", "pass_ms", "round_ms_all", "clients", "aggregate_tokens_per_second")
 
@@ -123,6 +125,17 @@ def bench(model: Path, out: Path, cap: float, *, dtype="bfloat16", quant="none",
                                                                  if code != 0 else [])
 
 
+def trees_vs_chains(model: Path, work: Path) -> list[dict]:
+    """ring-spec at 86 ms, simulated:0.6,0.6 (a second guess right 60% of the time where the first is wrong):
+    the default policy's trees against chains (--no-trees)."""
+    rows = []
+    for extra in ((), ("--no-trees",)):
+        got = bench(model, work / f"trees{len(extra)}.json", 90, modes="ring-spec", draft=TREES, rtts="86",
+                    extra=extra)
+        rows += [r | {"trees": not extra} for r in got]
+    return rows
+
+
 def tok_s(rows, mode: str, rtt: float, draft: str | None = None) -> float | None:
     for r in rows if isinstance(rows, list) else []:
         if r.get("mode") == mode and r.get("rtt_ms") == rtt and r.get("draft") == draft and "error" not in r:
@@ -138,7 +151,11 @@ def summary(result: dict) -> dict:
     self_draft = [r for r in result.get("self_draft_float32", []) if isinstance(r, dict) and r.get("acceptance")]
     graphed = [r for r in bf16 + result.get("7b_clients_2_4", []) if isinstance(r, dict) and r.get("members")]
     members = [m for r in graphed for m in r["members"]]
+    trees = {r.get("trees"): r.get("tokens_per_second") for r in result.get("7b_trees", [])
+             if isinstance(r, dict) and "error" not in r}
     return {"spec_0.8_over_ring_at_86ms_bf16": round(spec / ring, 2) if spec and ring else None,
+            "trees_over_chains_at_86ms_bf16": round(trees[True] / trees[False], 2)
+            if trees.get(True) and trees.get(False) else None,
             "self_draft_acceptance": self_draft[0]["acceptance"] if self_draft else None,
             # every member of every graphed ring captured graphs, and none used more than its plan counts
             "graphs_on_every_member": bool(members) and all(m.get("graphs", 0) > 0 for m in members),
@@ -176,6 +193,7 @@ def main() -> int:
         stage(result, "build_7b_shape", lambda: str(build_shape(big, "Qwen2Config", QWEN25_7B)))
         if "error" not in result["build_7b_shape"]:
             stage(result, "7b_bfloat16", lambda: bench(big, work / "bf16.json", 150))
+            stage(result, "7b_trees", lambda: trees_vs_chains(big, work))
             if bench_has("--no-graphs"):
                 stage(result, "7b_bfloat16_ring_no_graphs",
                       lambda: bench(big, work / "nographs.json", 50, modes="ring", rtts="0,86",

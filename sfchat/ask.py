@@ -23,7 +23,7 @@ async def ask(prompt: str, opts: RingOptions, as_json: bool = False) -> int:
                 sys.stdout.flush()
 
         text, result = await chat.reply(prompt, drafter=drafter, params=answer.sampling(),
-                                        policy=KPolicy(pinned=answer.k), max_new_tokens=answer.max_new_tokens,
+                                        policy=answer.pin(KPolicy()), max_new_tokens=answer.max_new_tokens,
                                         on_text=on_text)
         keys = ("name", "state", "layers", "rtt_ms", "device", "memory_bytes", "peak_memory_bytes")
         members = [{k: m[k] for k in keys} for m in ring.host.members_info()]

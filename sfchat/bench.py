@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import trio
 
 from .shaped_relay import shaped_relay
+from .tree_args import tree_args
 
 DEFAULT_PROMPTS = [
     "Explain quantum entanglement in simple terms.",
@@ -50,8 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="default: the shipped draft for the embedded default, a hub model's sibling, else "
                    "ngram; or ngram, none, a draft model or a distilled draft (smollm2-135m drafting itself is an "
                    "upper bound); simulated:A (A in 0..1): the target's own greedy continuation with each token kept "
-                   "with probability A, for speculation of a known acceptance")
+                   "with probability A, for speculation of a known acceptance; simulated:A,B: where the first guess "
+                   "is wrong the second is right with probability B (trees); simulated:A/A2…: a row for each")
     p.add_argument("--k", type=int, help="pin the draft length (default: adaptive)")
+    tree_args(p)
     p.add_argument("--local-peers", type=int, default=1, metavar="N",
                    help="peer processes in the ring (default: 1, where host, ask and serve start none: the emulated "
                    "round trip is laid on the links between members, and the host alone has none)")
@@ -334,7 +337,7 @@ def ring_modes(draft: str | None, modes: list[str]) -> list[tuple[str, str | Non
     out = []
     for mode in [m for m in modes if m.startswith("ring")]:
         if mode == "ring-spec" and (acceptances := parse_simulated(draft)):
-            out += [(mode, f"simulated:{a:g}") for a in acceptances]
+            out += [(mode, f"simulated:{a:g},{b:g}") for a, b in acceptances]
         else:
             out.append((mode, draft if mode == "ring-spec" else "none"))
     return out
@@ -360,14 +363,15 @@ async def ring_drafter(args, ring, spec: str | None, prompts: list[str]):
         if (key := (args.model, prompt, args.max_new_tokens)) not in _references:
             _references[key], _ = await ring_reply(ring, prompt, Drafter(), policy_for(args), args.max_new_tokens,
                                                    SamplingParams())
-    return SimulatedDrafter(acceptance[0], ring.host.config.vocab_size,
-                            [_references[(args.model, p, args.max_new_tokens)] for p in prompts])
+    return SimulatedDrafter(acceptance[0][0], ring.host.config.vocab_size,
+                            [_references[(args.model, p, args.max_new_tokens)] for p in prompts],
+                            second=acceptance[0][1])
 
 
 def policy_for(args):
     from peers.adaptive import KPolicy
 
-    return KPolicy(pinned=args.k)
+    return KPolicy(pinned=args.k, tree_nodes=args.tree_nodes, trees=not args.no_trees)
 
 
 async def ring_reply(ring, prompt: str, drafter, policy, max_new: int, params):
@@ -532,11 +536,11 @@ def draft_label(spec: str | None, model: str | None, model_dir) -> str:
     sibling or ngram (each row names the draft it used: a sibling that cannot be had leaves ngram)."""
     from peers.drafting import shipped_draft
     from peers.drafting.siblings import sibling_draft
-    from peers.drafting.simulated import SimulatedDrafter, parse_simulated
+    from peers.drafting.simulated import parse_simulated, simulated_name
     from peers.hub import parse
 
     if (acceptances := parse_simulated(spec)) is not None:
-        return ", ".join(SimulatedDrafter(a, 1).name for a in acceptances)
+        return "; ".join(simulated_name(a, b) for a, b in acceptances)
     if spec in (None, "", "auto"):
         if shipped_draft(model_dir) is not None:
             return "shipped draft"

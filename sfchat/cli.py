@@ -13,6 +13,7 @@ import trio
 from peers import models
 
 from . import __version__
+from .tree_args import tree_args
 from .local import die_with_parent
 from .user_errors import runnable, user_error
 
@@ -120,6 +121,7 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
     offer_arg(p)
     p.add_argument("--draft", type=draft_word, help=DRAFT_HELP + " (default: auto)")
     p.add_argument("--k", type=at_least(0), help="pin the draft length (default: adaptive)")
+    tree_args(p)
     p.add_argument("--max-new-tokens", type=at_least(1), default=256, metavar="N",
                    help="the longest answer, in tokens")
     p.add_argument("--max-context", type=at_least(1), metavar="N",

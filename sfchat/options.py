@@ -26,6 +26,8 @@ class AnswerOptions:
     top_k: int = 0
     seed: int | None = None
     k: int | None = None  # None: adaptive
+    tree_nodes: int | None = None  # --tree-nodes N: drafted positions a round (None: by what a pass costs)
+    trees: bool = True  # False (--no-trees): drafts in chains
     draft: str | None = None  # None: the best known
     max_new_tokens: int = 256
 
@@ -34,6 +36,11 @@ class AnswerOptions:
         from peers.sampling import SamplingParams
 
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+    def pin(self, policy):
+        """The draft policy (peers/adaptive.py) with what these options pin: --k, --tree-nodes, --no-trees."""
+        policy.pinned, policy.tree_nodes, policy.trees = self.k, self.tree_nodes, self.trees
+        return policy
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,8 @@ def answer_options(args, s: Settings | None = None) -> AnswerOptions:
         temperature = default_temperature(a.get("model") or (s.model if s else None) or None)
     return AnswerOptions(temperature=temperature,
                          top_p=a.get("top_p", 1.0), top_k=a.get("top_k", 0), seed=a.get("seed"),
-                         k=flag_or("k", s.k_pinned if s else None), draft=flag_or("draft", s.draft_spec if s else None),
+                         k=flag_or("k", s.k_pinned if s else None), tree_nodes=a.get("tree_nodes"),
+                         trees=not a.get("no_trees"), draft=flag_or("draft", s.draft_spec if s else None),
                          max_new_tokens=a.get("max_new_tokens", 256))
 
 

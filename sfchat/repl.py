@@ -133,7 +133,7 @@ class HeadlessChat:
         self.answer = opts.answer
         self.settings = settings_mod.load()
         self.chat = Chat(ring.host, ring.tokenizer, ring.eos)
-        self.policy = KPolicy(pinned=self.answer.k)
+        self.policy = self.answer.pin(KPolicy())
 
     async def reply(self, text: str) -> None:
         """The answer streamed to stdout; a prompt past the context is refused and the chat goes on."""
@@ -175,7 +175,7 @@ class HeadlessChat:
         elif cmd.name == "k":
             s.k = cmd.value
             self.answer = replace(self.answer, k=s.k_pinned)
-            self.policy.pinned = self.answer.k
+            self.answer.pin(self.policy)
             say(f"K {s.k}; saved in {settings_mod.save(s)}")
         elif cmd.name == "temp":
             s.temperature = cmd.value

@@ -68,11 +68,33 @@ def test_simulated_draft_keeps_each_token_with_its_probability():
     assert d.propose(ref[:500], 3, SamplingParams())[0] == got[490:493]  # a position drafts the same token again
     assert d.propose([1, 2, 3], 3, SamplingParams())[0] == []  # a context it has no answer for
     assert d.name == "simulated acceptance 0.6" and parse_simulated("ngram") is None
-    assert parse_simulated("simulated:0.6,0.8") == [0.6, 0.8]
+    assert parse_simulated("simulated:0.6/0.8") == [(0.6, 0.0), (0.8, 0.0)]
+    assert parse_simulated("simulated:0.6,0.8") == [(0.6, 0.8)] and not d.trees
     with pytest.raises(ValueError, match="temperature 0"):
         d.propose(ref[:10], 3, SamplingParams(temperature=0.7))
     with pytest.raises(ValueError, match="0..1"):
         parse_simulated("simulated:1.5")
+
+
+def test_a_simulated_second_guess_is_right_with_its_probability_where_the_first_is_wrong():
+    from peers.drafting.simulated import SimulatedDrafter
+    from peers.sampling import SamplingParams
+
+    ref = list(range(10, 2010))
+    chain = SimulatedDrafter(0.6, 5000, [ref])
+    d = SimulatedDrafter(0.6, 5000, [ref], second=0.5)
+    assert d.trees and d.name == "simulated acceptance 0.6, second guess 0.5"
+    first = second = 0
+    for at in range(10, 1900, 7):
+        t = d.propose_tree(ref[:at], 0.0, 3, 12, params=SamplingParams())
+        roots = [i for i, p in enumerate(t.parents) if p == -1]
+        assert [t.tokens[i] for i in roots][:1] == chain.propose(ref[:at], 1, SamplingParams())[0]  # the chain's
+        assert t.sure[roots[0]] == 0.6 and abs(t.sure[roots[1]] - 0.2) < 1e-9
+        first += t.tokens[roots[0]] == ref[at]
+        second += t.tokens[roots[0]] != ref[at] and t.tokens[roots[1]] == ref[at]
+    n = len(range(10, 1900, 7))
+    assert 0.5 < first / n < 0.7 and 0.4 < second / (n - first) < 0.6
+    assert len(t.tokens) == 12 and t == d.propose_tree(ref[:at], 0.0, 3, 12, params=SamplingParams())  # seeded
 
 
 def test_bench_with_a_simulated_draft_and_a_failing_mode(tiny_llama, tmp_path):
@@ -82,7 +104,7 @@ def test_bench_with_a_simulated_draft_and_a_failing_mode(tiny_llama, tmp_path):
     prompts.write_text("the quick brown fox jumps over the lazy dog\n")
     out = tmp_path / "bench.json"
     p = sfchat("bench", "--model", str(tiny_llama), "--rtt-ms", "0", "--max-new-tokens", "16", "--runs", "1",
-               "--modes", "ring,ring-spec", "--k", "3", "--draft", "simulated:1,0", "--prompts", str(prompts),
+               "--modes", "ring,ring-spec", "--k", "3", "--draft", "simulated:1/0", "--prompts", str(prompts),
                "--json", str(out), timeout=180)
     rows = {r.get("draft"): r for r in json.loads(out.read_text())["rows"]}
     kept, none = rows["simulated acceptance 1"], rows["simulated acceptance 0"]

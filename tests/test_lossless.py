@@ -2,6 +2,8 @@
 distribution, measured over many seeded runs on a tiny model with a different tiny draft. A naive scheme
 (accept the draft with probability p(x), ignoring q) is run beside it as a control and must fail the bound."""
 
+import functools
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -81,3 +83,128 @@ def test_rejection_sampling_matches_the_target_and_the_naive_scheme_does_not(mod
     print(params, results)
     assert results["rejection"] < BOUND, results
     assert results["naive"] > BOUND, results
+
+
+# --- trees of sampled drafts ------------------------------------------------------------------------------------
+# A tree's first two tokens, over a vocabulary of 6: the root has up to 3 children drawn without replacement from
+# the draft's q, each of them up to 2 of its own. Target and draft are fixed random tables of the context (the
+# draft sharper, and blind to one token), so the exact joint distribution is known; a chi-square bound over its
+# cells (p = 1e-4) must hold for the real verifier and fail for subtly wrong ones.
+V, TREE_N = 6, 12000
+
+
+@functools.cache
+def _table(ctx: tuple, salt: int, sharp: float, blind: int | None = None) -> torch.Tensor:
+    g = torch.Generator().manual_seed(hash((salt,) + ctx) % (2**31))
+    logits = torch.randn(V, generator=g) * sharp
+    if blind is not None:
+        logits[blind] = float("-inf")
+    return torch.softmax(logits, -1)
+
+
+def _p(ctx):
+    return _table(ctx, 1, 1.0)
+
+
+def _q(ctx):
+    return _table(ctx, 2, 2.0, blind=ctx[-1] % V)
+
+
+def _tree(prompt, seed, deterministic):
+    """(tokens, parents, q rows): the root's children, then each one's, drawn as the drafters draw them."""
+    from peers.tree_sampling import sampled_children
+
+    gen = torch.Generator().manual_seed(seed)
+    tokens, parents, rows = [], [], []
+
+    def kids(ctx, n):
+        if deterministic:  # a lookup's continuations: fixed tokens of the context
+            return [((ctx[-1] + 1 + j) % V, 0.0) for j in range(n)]
+        return sampled_children(_q(ctx), n, gen)
+
+    for t, _ in kids(prompt, 3):
+        i = len(tokens)
+        tokens.append(t), parents.append(-1), rows.append(_q(prompt))
+        for u, _ in kids(prompt + (t,), 2):
+            tokens.append(u), parents.append(i), rows.append(_q(prompt + (t,)))
+    return tokens, parents, torch.stack(rows)
+
+
+def _verify_tree_control(p, q, tokens, parents, seed, position, kind):
+    """Wrong on purpose. "same q": without replacement but each sibling tested against the unchanged q;
+    "no residual": p never reduced after a rejection."""
+    g = torch.Generator().manual_seed(seed * 31 + position)
+    path, node = [], -1
+    while True:
+        kids = [i for i, par in enumerate(parents) if par == node]
+        pr = p[node + 1].double()
+        qj = q[kids[0]].double() if kids else None
+        nxt = None
+        for c in kids:
+            x = tokens[c]
+            if torch.rand((), generator=g).item() < min(1.0, float(pr[x]) / float(qj[x])):
+                nxt = c
+                break
+            if kind == "same q":
+                pr = (pr - qj).clamp_min(0.0)
+                pr = pr / pr.sum()
+            else:
+                qj = qj.clone()
+                qj[x] = 0
+                qj = qj / qj.sum()
+        if nxt is None:
+            return path, int(torch.multinomial(pr, 1, generator=g))
+        path.append(nxt)
+        node = nxt
+
+
+def _chi_square(counts: dict, exact: dict, n: int) -> tuple[float, int]:
+    assert set(counts) <= set(exact), "a pair the target can never produce"
+    return sum((counts.get(k, 0) - n * e) ** 2 / (n * e) for k, e in exact.items()), len(exact) - 1
+
+
+def _critical(df: int, z: float = 3.719) -> float:
+    """The chi-square quantile at p = 1e-4 (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def _tree_counts(verifier, deterministic):
+    prompt = (3, 1, 4)
+    counts = {}
+    for seed in range(TREE_N):
+        tokens, parents, q = _tree(prompt, seed, deterministic)
+        rows = [_p(prompt)] + [_p(prompt + tuple(tokens[j] for j in _ancestry(parents, i)) + (tokens[i],))
+                               for i in range(len(tokens))]
+        path, nxt = verifier(torch.stack(rows), None if deterministic else q, tokens, parents, seed, len(prompt))
+        out = [tokens[i] for i in path] + [nxt]
+        if len(out) < 2:
+            g = torch.Generator().manual_seed(seed + 10**6)
+            out.append(int(torch.multinomial(_p(prompt + (out[0],)), 1, generator=g)))
+        counts[tuple(out[:2])] = counts.get(tuple(out[:2]), 0) + 1
+    exact = {(a, b): float(_p(prompt)[a] * _p(prompt + (a,))[b]) for a in range(V) for b in range(V)}
+    return counts, exact
+
+
+def _ancestry(parents, i):
+    out, j = [], parents[i]
+    while j >= 0:
+        out.insert(0, j)
+        j = parents[j]
+    return out
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["sampled drafts", "deterministic drafts"])
+def test_a_sampled_tree_keeps_the_targets_distribution(deterministic):
+    from peers.tree_sampling import verify_tree
+
+    chi2, df = _chi_square(*_tree_counts(verify_tree, deterministic), TREE_N)
+    assert chi2 < _critical(df), (chi2, df)
+
+
+@pytest.mark.parametrize("kind", ["same q", "no residual"])
+def test_a_subtly_wrong_tree_verifier_fails_the_bound(kind):
+    def wrong(p, q, tokens, parents, seed, position):
+        return _verify_tree_control(p, q, tokens, parents, seed, position, kind)
+
+    chi2, df = _chi_square(*_tree_counts(wrong, False), TREE_N)
+    assert chi2 > _critical(df), (chi2, df)

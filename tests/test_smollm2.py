@@ -58,3 +58,43 @@ def test_the_distilled_draft_samples_too():
                    "--draft", DRAFT)
     s = got["stats"]
     assert s["tokens"] == 32 and s["accepted"] > 0, s
+
+
+@pytest.mark.parametrize("draft", ["smollm2-135m", "ngram"])
+def test_trees_through_two_peers_keep_the_answer(want, draft):
+    """Greedy trees of 8 nodes from a model draft (the target drafting itself) and from ngram, through a host and
+    two peer processes: the answer is plain transformers'."""
+    got = ask_json(PROMPT, "--local-peers", "2", "--temperature", "0", "--max-new-tokens", str(N), "--draft", draft,
+                   "--tree-nodes", "8")
+    assert got["token_ids"] == want
+    rounds = got["stats"]["per_round"]
+    assert got["stats"]["tree_rounds"] == sum(r["tree"] for r in rounds) > 0
+    if draft != "ngram":  # (this answer has few repeats to look up)
+        assert any(r["drafted"] > r["depth"] for r in rounds if r["tree"]), rounds  # really branching
+
+
+def test_simulated_trees_through_two_peers_keep_the_answer(smollm2, want):
+    """A simulated draft whose second guess is right where its first is wrong: the target often takes a branch off
+    the main chain (those tokens go round again with the next drafts); the answer stays transformers'."""
+    import trio
+
+    from helpers import new_chat, running_ring
+    from peers.adaptive import KPolicy
+    from peers.drafting import Drafter
+    from peers.drafting.simulated import SimulatedDrafter
+    from peers.sampling import SamplingParams
+
+    async def main():
+        async with running_ring(smollm2, 2) as (host, _):
+            plain = new_chat(host)
+            await plain.reply(PROMPT, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                              max_new_tokens=N)
+            d = SimulatedDrafter(0.5, host.config.vocab_size, [plain.tokens], second=0.9)
+            _, r = await new_chat(host).reply(PROMPT, drafter=d, params=SamplingParams(),
+                                              policy=KPolicy(tree_nodes=12), max_new_tokens=N)
+            return plain.tokens, r
+
+    plain, r = trio.run(main)
+    assert plain[-N:] == want and r.token_ids == want
+    assert any(rd["tree"] and rd["accepted"] >= 2 for rd in r.rounds)
+    assert r.stats.tokens / r.stats.rounds > 2.0, r.rounds  # 0.5 alone would give 2 at most

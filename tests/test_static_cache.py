@@ -15,13 +15,13 @@ from peers.tree import on_chain, verify_greedy
 from tiny import ARCHS, make_model, one
 
 PROMPT = [5, 17, 42, 99, 7, 3, 120, 64, 11, 250, 33, 8, 19, 140, 77, 2, 91, 60, 45, 23, 200, 13, 9, 31, 4, 55,
-          181, 66, 70, 101, 16, 27, 38, 49, 150, 12, 222, 6, 88, 111]
+          181, 66, 70, 101, 16, 27, 38, 49, 150, 12, 222, 6, 88, 111] * 4  # a replay longer than a chunk
 NEW = 32
-CHUNK = 33  # longer passes are cut into chunks of this many positions: one longer than the largest bucket
+CHUNK = GRAPH_BUCKETS[-1] + 1  # longer passes are cut into chunks of this many positions: one past every bucket
 # drafts per round as (length, how many of them are right); "tree": the right tokens hide under a wrong first
 # guess; "replay": the member lost everything and the whole conversation goes round again
-ROUNDS = [(0, 0), (1, 1), (0, 0), (3, 1), (7, 7), (15, 2), "tree", (20, 0), (2, 2), "replay", (31, 5), (4, 0), "tree",
-          (1, 0), (8, 3)]
+ROUNDS = [(0, 0), (1, 1), (0, 0), (3, 1), (50, 2), (7, 7), (15, 2), "tree", (100, 1), (20, 0), (2, 2), "replay",
+          (31, 5), (4, 0), "tree", (1, 0), (8, 3)]
 
 
 def greedy(model_dir, new: int, prompt: list[int] = PROMPT) -> list[int]:
@@ -46,7 +46,7 @@ def run_rounds(shard: Shard, want: list[int]) -> tuple[list[int], set[int]]:
     while len(tokens) < len(PROMPT) + len(want):
         plan = ROUNDS[i % len(ROUNDS)]
         i += 1
-        truth = want[len(tokens) - len(PROMPT):] + [0] * 40
+        truth = want[len(tokens) - len(PROMPT):] + [0] * GRAPH_BUCKETS[-1]
         wrong = [(t + 1) % 300 for t in truth]
         if plan == "replay":
             s, held = shard.new_session(), 0
@@ -77,8 +77,8 @@ def test_every_architecture_is_exact_eagerly_and_padded(arch, tmp_path):
         shard = Shard(model, Span(0, 3, 3), embed=True, head=True, padded=padded)
         got, lengths = run_rounds(shard, want)
         assert got == want, padded
-    assert CHUNK in lengths.elements()  # a 33-position chunk: eager, among the padded passes
-    # what the padded passes were actually padded to: one (1, bucket) per pass of up to 32 positions
+    assert CHUNK in lengths.elements()  # a chunk one past the largest bucket: eager, among the padded passes
+    # what the padded passes were actually padded to: one (1, bucket) per pass of up to the largest bucket
     assert shard.graphs.padded == Counter((1, bucket(n)) for n in lengths.elements() if bucket(n))
     assert {t for _, t in shard.graphs.padded} == set(GRAPH_BUCKETS)
 

@@ -58,7 +58,7 @@ def test_greedy_verification_walks_down_the_tree():
 def test_a_tree_made_level_by_level_is_laid_out_depth_first_with_the_main_chain_leading():
     # level by level: a, b under the root; c, d under a; e under b; f under c
     tokens, parents, sure = [1, 2, 3, 4, 5, 6], [-1, -1, 0, 0, 1, 2], [0.6, 0.3, 0.4, 0.1, 0.2, 0.3]
-    d = depth_first(tokens, parents, sure, {0: 3, 1: 5, 2: 6, 5: 9})
+    d, _ = depth_first(tokens, parents, sure, {0: 3, 1: 5, 2: 6, 5: 9})
     assert d.tokens == [1, 3, 6, 4, 2, 5] and d.parents == [-1, 0, 1, 0, -1, 4]
     assert d.sure == [0.6, 0.4, 0.3, 0.1, 0.3, 0.2] and d.chain == 3 and d.guess == 9
     assert [d.path(i) for i in (2, 5)] == [[1, 3, 6], [2, 5]]
@@ -98,7 +98,7 @@ class OracleTrees(Drafter):
     def __init__(self, truth: list[int]):
         self.truth, self.asked = truth, 0  # asked: by a round itself, not by a look-ahead
 
-    def propose_tree(self, context, floor, depth, max_nodes, stop=None):
+    def propose_tree(self, context, floor, depth, max_nodes, stop=None, params=None):
         t = self.truth[len(context):] + [0] * 4
         wrong = [(x + 1) % 300 for x in t]
         self.asked += stop is None
@@ -138,3 +138,26 @@ def test_answers_are_exact_wherever_the_tree_holds_the_target_s_tokens(tiny_llam
     assert {0, 2, 3} <= set(accepted)  # nothing, two on the chain or off it, three off the chain
     # after a full chain whose guess came true, the next round took the tree the look-ahead drafted meanwhile
     assert oracle.asked < len(r.rounds)
+
+
+def test_a_sampled_answer_through_trees_is_the_one_the_target_samples_alone(tiny_llama):
+    """A deterministic tree in a sampled round: at each node the target draws its token (seeded by the position)
+    and goes on down where a child holds it. So the answer is exactly the one it samples with no draft, while
+    the trees (holding those tokens on and off their main chains) save rounds. Without trees (--no-trees) the
+    same drafter drafts no tree at all."""
+    async def main():
+        async with running_ring(tiny_llama, 1) as (host, _):
+            alone = new_chat(host)
+            _, plain = await alone.reply(PROMPT, drafter=Drafter(), params=SamplingParams(0.9, seed=3),
+                                         policy=KPolicy(), max_new_tokens=40)
+            oracle = OracleTrees(alone.tokens)
+            _, treed = await new_chat(host).reply(PROMPT, drafter=oracle, params=SamplingParams(0.9, seed=3),
+                                                  policy=TreePolicy(), max_new_tokens=40)
+            _, chains = await new_chat(host).reply(PROMPT, drafter=OracleTrees(alone.tokens),
+                                                   params=SamplingParams(0.9, seed=3),
+                                                   policy=TreePolicy(trees=False), max_new_tokens=40)
+            return plain, treed, chains
+    plain, treed, chains = trio.run(main)
+    assert treed.token_ids == plain.token_ids == chains.token_ids
+    assert {2, 3} <= {rd["accepted"] for rd in treed.rounds} and len(treed.rounds) < len(plain.rounds)
+    assert treed.stats.trees > 0 and chains.stats.trees == 0

@@ -34,7 +34,9 @@ class Drafter:
     ms_per_token = 0.0  # measured cost of one drafted token more (moving average)
     tokens_made, ms_spent = 0, 0.0  # every token proposed and the time it took, for measurements
     confident = False  # True: propose() honours floor and reports self.confidence
-    trees = False  # True: it also has propose_tree (greedy drafts as a tree, peers/tree.py)
+    trees = False  # True: it also has propose_tree(context, floor, depth, max_nodes, stop, params): a tree of
+    # drafts (peers/tree.py), each node with its chance; sampled, its children drawn without replacement
+    # (peers/tree_sampling.py)
     confidence: tuple[float, ...] | list[float] = ()
     share = 1.0  # the part of a call's time that was this drafter's (1/B when B conversations drafted together)
 
@@ -51,9 +53,10 @@ class Drafter:
         return await trio.to_thread.run_sync(partial(self.propose, context, n, params, stop, floor, prior))
 
     async def draft_tree(self, context: list[int], floor: float, depth: int, max_nodes: int,
-                         stop: threading.Event | None = None):
+                         stop: threading.Event | None = None, params: SamplingParams | None = None):
         """propose_tree (a drafter with trees has it), off the event loop."""
-        return await trio.to_thread.run_sync(self.propose_tree, context, floor, depth, max_nodes, stop)
+        return await trio.to_thread.run_sync(self.propose_tree, context, floor, depth, max_nodes, stop,
+                                             params or SamplingParams())
 
     def fork(self) -> "Drafter":
         """A drafter for another conversation running at the same time: the same weights, its own state."""

@@ -18,9 +18,11 @@ from ..sampling import SamplingParams, draw, position_generator
 from ..shard import load_config, rollback_cache
 from ..runtime import DRAFT, RUNTIME
 from ..threads import torch_threads
-from ..tree import BRANCHES, Draft, depth_first
+from ..tree import BRANCHES, Draft
+from ..tree_sampling import sampled_children
 from .base import Drafter, common_prefix
 from .feature_net import VOCAB_FILE, Step, build, read_meta, tokenizer_fingerprint
+from .grow import grow
 from .ngram import followers, lookup
 from .together import Together
 
@@ -45,7 +47,7 @@ class FeatureDrafter(Drafter):
     ahead during a round trip) from the draft's own predictions, and are recomputed once the real ones arrive."""
 
     confident = True  # its head's top probability is a fair estimate of the target's agreement (see _next)
-    trees = True  # greedy rounds draft a tree: its second and third choices, where they are likely enough
+    trees = True  # it drafts trees: its second and third choices, where they are likely enough
 
     def __init__(self, draft_dir: Path, target_dir: Path, target_vocab: int, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, name: str | None = None, embedding: torch.Tensor | None = None):
@@ -108,10 +110,11 @@ class FeatureDrafter(Drafter):
             return await super().draft(context, n, params, stop, floor, prior)
         return await self.together.run(self, self.chain_steps(context, n, params, stop, floor, prior))
 
-    async def draft_tree(self, context, floor, depth, max_nodes, stop=None):
+    async def draft_tree(self, context, floor, depth, max_nodes, stop=None, params=None):
         if self.together is None:
-            return await super().draft_tree(context, floor, depth, max_nodes, stop)
-        return await self.together.run(self, self.tree_steps(context, floor, depth, max_nodes, stop))
+            return await super().draft_tree(context, floor, depth, max_nodes, stop, params)
+        return await self.together.run(self, self.tree_steps(context, floor, depth, max_nodes, stop,
+                                                             params or SamplingParams()))
 
     def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
         with self.lock:
@@ -199,13 +202,18 @@ class FeatureDrafter(Drafter):
         if params.greedy:
             tok, sure = self._children(self._probs(logits), copy, 1)[0]
             return tok, None, sure
+        q = self._q(logits, params, copy)
+        return draw(q, position_generator(params.seed, position, stream=0)), q, float(q.max())
+
+    def _q(self, logits: torch.Tensor, params: SamplingParams, copy: int | None) -> torch.Tensor:
+        """The sampled draft's distribution over the target's vocabulary, the copy mixed in."""
         full = logits.new_full((self.target_vocab,), float("-inf"), dtype=torch.float32)  # q is 0 off the head
         full[self.to_target] = logits.float()
         q = params.probs(full[None])[0]
         if copy is not None:
             q = (1 - COPY_WEIGHT) * q
             q[copy] += COPY_WEIGHT
-        return draw(q, position_generator(params.seed, position, stream=0)), q, float(q.max())
+        return q
 
     def _start(self, context: list[int]):
         """(steps) Bring the draft's cache up to the context; the predicted feature after its last token and the
@@ -266,17 +274,17 @@ class FeatureDrafter(Drafter):
 
     @torch.inference_mode()
     def propose_tree(self, context: list[int], floor: float, depth: int, max_nodes: int,
-                     stop: threading.Event | None = None) -> Draft:
-        """A greedy tree of drafts (peers/tree.py): every node, up to BRANCHES per parent, whose chance with its
-        ancestors' is at least `floor`; at most `depth` deep and `max_nodes` in all (the likeliest kept). It grows
-        a level at a time, each level one step of the draft over all its nodes at once (their own positions, each
-        seeing its ancestors), so a node costs far less than a chain's draft; the main chain's last node's best
-        child is the guess at the token after it."""
-        return RUNTIME.call(self.device, self._alone, self.tree_steps(context, floor, depth, max_nodes, stop),
+                     stop: threading.Event | None = None, params: SamplingParams = SamplingParams()) -> Draft:
+        """A tree of drafts (peers/drafting/grow.py): up to BRANCHES children per node (greedy: the likeliest;
+        sampled: drawn without replacement), every node whose chance with its ancestors' is at least `floor`, at
+        most `depth` deep and the `max_nodes` likeliest. Each level is one step of the draft over all its nodes
+        at once (their own positions, each seeing its ancestors), so a node costs far less than a chain's draft;
+        the main chain's last node's first child is the guess at the token after it."""
+        return RUNTIME.call(self.device, self._alone, self.tree_steps(context, floor, depth, max_nodes, stop, params),
                             lane=DRAFT)
 
     def tree_steps(self, context: list[int], floor: float, depth: int, max_nodes: int,
-                   stop: threading.Event | None = None):
+                   stop: threading.Event | None = None, params: SamplingParams = SamplingParams()):
         """(steps) propose_tree's tree: its result is the Draft."""
         t0 = time.perf_counter()
         started = (yield from self._start(context)) if depth > 0 else None
@@ -285,43 +293,36 @@ class FeatureDrafter(Drafter):
             return Draft()
         follows = followers(context) if self.copy else (lambda tail: None)  # (one pass over the context)
         fixed = time.perf_counter() - t0
-        tokens, parents, sure, kids = yield from self._grow(context, *started, follows, floor, depth, max_nodes, stop)
-        d = depth_first(tokens, parents, sure, {i: c[0][0] for i, c in kids.items() if c})
+        g, logits = started
+        gen = None if params.greedy else position_generator(params.seed, len(context), stream=0)
+        base = len(self.cache_next)  # the draft's cache: index t holds (f_t, x_{t+1}); the tree's go after it
+        feats, tails = {-1: g}, {-1: context[-3:]}  # tails: each node's last tokens, for copying
+
+        def children(row: torch.Tensor, tail: list[int]):
+            if gen is None:
+                return self._children(self._probs(row), follows(tail), BRANCHES), None
+            q = self._q(row, params, follows(tail))
+            return sampled_children(q, BRANCHES, gen), q
+
+        def expand(level, tokens, parents):
+            for i in level:
+                tails[i] = tails[parents[i]][-2:] + [tokens[i]]
+            # the level's rows of a ring pass over the whole tree with nothing carried before it: its cache holds
+            # the context's entries and the earlier levels' (peers/tree.py); each node at its depth
+            first = level[0]
+            mask = tree.attention_mask(base, len(tokens), parents, device=self.device)[..., first:, :]
+            pos = tree.positions(base, len(tokens), parents)[:, first:].to(self.device)
+            out, rows = yield Step(self.cache, [tokens[i] for i in level],
+                                   torch.stack([feats[parents[i]] for i in level]), mask, pos, heads=len(level))
+            for j, i in enumerate(level):
+                feats[i] = out[j]
+            return [children(rows[j], tails[i]) for j, i in enumerate(level)]
+
+        d = yield from grow(children(logits, tails[-1]), expand, floor, depth, max_nodes, stop)
+        self.cache.crop(base - self.cache.get_seq_length())  # the tree's entries go: the ring's answer decides
         self._measure(time.perf_counter() - t0, len(d.tokens), fixed)
         self.confidence = d.sure
         return d
-
-    def _grow(self, context, g, logits, follows, floor, depth, max_nodes, stop):
-        """(steps) Breadth first: (tokens, parents, chances, each node's children as (token, p)) in the order made."""
-        base = len(self.cache_next)  # the draft's cache: index t holds (f_t, x_{t+1}); the tree's go after it
-        tokens, parents, sure, tails = [], [], [], []  # tails: each node's last tokens, for copying
-        kids = {-1: self._children(self._probs(logits), follows(context[-3:]), BRANCHES)}
-        feats = {-1: g}
-        level = [-1]
-        for _ in range(depth):
-            chances = sorted(((sure[p] if p >= 0 else 1.0) * c, p, t) for p in level for t, c in kids[p])[::-1]
-            new = [(c, p, t) for c, p, t in chances if c >= floor][: max_nodes - len(tokens)]
-            if not new or (stop is not None and stop.is_set()):
-                break
-            first = len(tokens)
-            for c, p, t in new:
-                tokens.append(t)
-                parents.append(p)
-                sure.append(c)
-                tails.append((tails[p] if p >= 0 else context[-3:])[-2:] + [t])
-            level = list(range(first, len(tokens)))
-            # the level's rows of a ring pass over the whole tree with nothing carried before it: its cache holds
-            # the context's entries and the earlier levels' (peers/tree.py); each node at its depth
-            mask = tree.attention_mask(base, len(tokens), parents, device=self.device)[..., first:, :]
-            pos = tree.positions(base, len(tokens), parents)[:, first:].to(self.device)
-            out, logits = yield Step(self.cache, [tokens[i] for i in level],
-                                     torch.stack([feats[parents[i]] for i in level]), mask, pos, heads=len(level))
-            probs = self._probs(logits)
-            for j, i in enumerate(level):
-                feats[i] = out[j]
-                kids[i] = self._children(probs[j], follows(tails[i]), BRANCHES)
-        self.cache.crop(base - self.cache.get_seq_length())  # the tree's entries go: the ring's answer decides
-        return tokens, parents, sure, kids
 
 
 def load(draft_dir: Path, target_dir: Path, tokenizer, target_vocab: int, device: str = "cpu",

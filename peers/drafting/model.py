@@ -5,8 +5,8 @@ passes replayed as CUDA graphs like the ring's. Nothing is compiled.
 
 `DraftModel.forward(steps)` is the draft's one forward: B conversations' Steps (cache, committed, ids) in one pass,
 the logits at each one's last position. A chain of drafts (chain_steps) is a generator of steps on top of it, which
-peers/drafting/together.py advances in lockstep with the other conversations' drafting; a tree of drafts can sit on
-it the same way.
+peers/drafting/together.py advances in lockstep with the other conversations' drafting. A tree of drafts
+(peers/drafting/model_tree.py) runs each level as one tree pass of the engine over the tree so far.
 """
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ import torch
 from ..kv import SessionCache
 from ..plan import CONVERSATIONS, Span
 from ..runtime import DRAFT, RUNTIME
-from ..sampling import draw, pad_vocab, position_generator
+from ..sampling import SamplingParams, draw, pad_vocab, position_generator
 from ..tensors import DTYPE_NAMES
+from ..tree import Draft
 from .base import Drafter, common_prefix
+from .model_tree import draft_tree
 from .together import Together
 
 
@@ -66,6 +68,18 @@ class DraftModel:
         xs = [torch.tensor([[t if t < self.vocab else 0 for t in s.ids]]) for s in steps]
         hs = self.shard.forward([(s.cache, s.committed, x, None) for s, x in zip(steps, xs)])
         return [logits[-1] for _, logits in self.shard.finish([(h[0], 1) for h in hs])]
+
+    def forward_tree(self, step: Step, parents: list[int], n: int) -> torch.Tensor:
+        """A tree pass: step.ids are tree nodes after its committed context (parents as peers/tree.py's, -1 the
+        context's last token), each seeing the context and its own ancestors; the float32 logits [n, vocab]
+        after each of the last n nodes."""
+        return RUNTIME.call(self.device, self._forward_tree, step, parents, n, lane=DRAFT)
+
+    @torch.inference_mode()
+    def _forward_tree(self, step: Step, parents: list[int], n: int) -> torch.Tensor:
+        x = torch.tensor([[t if t < self.vocab else 0 for t in step.ids]])
+        (h,) = self.shard.forward([(step.cache, step.committed, x, parents)])
+        return self.shard.finish([(h[0], n)])[0][1]
 
 
 class ModelDrafter(Drafter):
@@ -111,6 +125,41 @@ class ModelDrafter(Drafter):
     def _run(self, step: Step) -> torch.Tensor:
         return self.model.forward([step])[0]
 
+    trees = True  # peers/drafting/model_tree.py
+
+    def propose_tree(self, context: list[int], floor: float, depth: int, max_nodes: int,
+                     stop: threading.Event | None = None, params: SamplingParams | None = None) -> Draft:
+        with self.lock:
+            t0 = time.perf_counter()
+            d = draft_tree(self, context, floor, depth, max_nodes, stop, params or SamplingParams())
+            self._measure(time.perf_counter() - t0, max(len(d.tokens), 1))
+            return d
+
+    # what a tree asks of the draft (model_tree.py)
+    def sync(self, context: list[int]) -> torch.Tensor:
+        """The cache follows the context; the logits after its last token."""
+        logits = self._run(self._catch_up(context))
+        self.seen = list(context)
+        return logits
+
+    def forward_nodes(self, tokens: list[int], parents: list[int], n: int) -> torch.Tensor:
+        """Logits [n, vocab] after each of the last n of the tree's nodes so far: the whole tree runs as one tree
+        pass after the context (its earlier levels again: the engine's pass sees a committed prefix and its own
+        positions only). The nodes' keys and values lie past the context's length, which the next pass rolls
+        back by the engine's rule."""
+        return self.model.forward_tree(Step(self.cache, len(self.seen), tokens), parents, n)
+
+    def _catch_up(self, context: list[int]) -> Step:
+        """The step that brings its cache to `context`: the part it lacks, at least the last token (whose logits
+        are wanted)."""
+        if self.cache.evicted or self.cache.length < len(self.seen):  # its row went to another conversation
+            self.seen = self.seen[: self.cache.length]
+        common = common_prefix(context, self.seen)
+        if common == len(context):  # context is a prefix of what we saw: recompute its last position
+            common -= 1
+        self.seen = self.seen[:common]
+        return Step(self.cache, common, context[common:])
+
     def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
         with self.lock:
             return self._drive(self.chain_steps(context, n, params, stop))
@@ -133,13 +182,7 @@ class ModelDrafter(Drafter):
         if n <= 0:
             return [], None
         t0 = time.perf_counter()
-        if self.cache.evicted or self.cache.length < len(self.seen):  # its row went to another conversation
-            self.seen = self.seen[: self.cache.length]
-        common = common_prefix(context, self.seen)
-        if common == len(context):  # context is a prefix of what we saw: recompute its last position
-            common -= 1
-        self.seen = self.seen[:common]
-        logits = yield Step(self.cache, common, context[common:])
+        logits = yield self._catch_up(context)
         self.seen = list(context)
         tokens, qs = [], []
         while True:

@@ -217,7 +217,7 @@ class Engine(Worker):
         before = len(chat.messages)
         try:
             await self._use_drafter(opts.draft)
-            self.policy.pinned = opts.k
+            opts.pin(self.policy)
 
             def on_round(ev: dict) -> None:
                 if ev.get("event") == "round":

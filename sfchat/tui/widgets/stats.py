@@ -25,8 +25,10 @@ LEGEND = [
                      "guesses, every member runs its layers, the host checks the guesses): avg over the answer, and "
                      "the last round's. Above 1 means guesses were right: several tokens for the time of one"),
     ("accepted", "the share of drafted tokens the model agreed with (accepted/drafted)"),
-    ("K", "drafted tokens sent per round: avg and last; (tree): guesses branching where the draft was unsure. "
-          "The K setting below is what you chose: /k"),
+    ("K", "drafted tokens sent per round: avg and last. (tree N deep, M taken): the last round's guesses were a "
+          "tree (second and third guesses where the draft was unsure, each with its own continuation) of N "
+          "levels, and the model took M of them, one per level down the tree. The K setting below is what you "
+          "chose: /k"),
     ("last round", "how long the last round took, split into:"),
     ("  draft", "guessing on the host (what could not overlap the round before)"),
     ("  host", "the host's own layers, embedding and head, and checking the guesses against what the model chose"),
@@ -113,9 +115,7 @@ class StatsPanel(Vertical):
             ("accepted", f"{pct(s.get('acceptance'))} ({s.get('accepted', 0)}/{s.get('drafted', 0)} drafts)"
              if s else "—"),
             # K measured: drafts sent per round (the setting, pinned or adaptive, is shown apart below)
-            ("K", f"{s.get('drafted', 0) / rounds:.1f} avg, {r['k']} last"
-                  f"{' (tree)' if r.get('tree') and r['k'] else ''}"
-             if r and rounds else "—"),
+            ("K", f"{s.get('drafted', 0) / rounds:.1f} avg, {r['k']} last{_shape(r)}" if r and rounds else "—"),
             ("last round", ms(r.get("round_ms"))),
             ("  draft", ms(r.get("draft_ms"))),
             # checking the guesses takes microseconds (a tenth of a ms shows 0.0): it counts with the host's work
@@ -134,6 +134,11 @@ class StatsPanel(Vertical):
         self.query_one("#settings", Static).update(_grid([
             ("temp", f"{temperature:g}"), ("K setting", "auto (adapts)" if k is None else f"{k} (pinned)"),
             ("draft", drafter)]))
+
+
+def _shape(r: dict) -> str:
+    """A tree round's shape: its levels and how far down the model took it."""
+    return f" (tree {r.get('depth', 0)} deep, {r['accepted']} taken)" if r.get("tree") and r.get("drafted") else ""
 
 
 def _stack(*parts) -> Table:
