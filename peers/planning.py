@@ -13,7 +13,7 @@ from pathlib import Path
 import trio
 
 from . import hub, links, models
-from .auth import client_handshake
+from .auth import AuthError, client_handshake
 from .channel import Channel, ChannelClosed
 from .errors import FitError, ModelError, RingError
 from .membership import Member, Roster
@@ -179,9 +179,18 @@ class Planner:
             await self.first_hop.aclose()
             self.first_hop = None
         if ring:
-            stream = await TLSEndpoint.dial(await links.dial(ring[0].data_addr), ring[0].tls_fingerprint)
-            self.first_hop = Channel(stream, "first hop")
-            await client_handshake(self.first_hop, self.token, "data")
+            try:
+                stream = await TLSEndpoint.dial(await links.dial(ring[0].data_addr), ring[0].tls_fingerprint)
+                self.first_hop = Channel(stream, "first hop")
+                await client_handshake(self.first_hop, self.token, "data")
+            except (OSError, AuthError, ChannelClosed, trio.BrokenResourceError) as e:
+                # gone since it said ready (killed), or not where it says it listens: planned out, like a failure
+                self.first_hop = None
+                m = ring[0]
+                if m.state != "lost":
+                    m.state, m.error = "failed", f"cannot be reached at {m.data_addr}: {e}"
+                self._leave_out([m])
+                return False
         self.ring, self.epoch = ring, epoch
         log.info("ring epoch %d: host %s%s", epoch, spans[0],
                  "".join(f" -> member {m.id} {m.span}" for m in ring))

