@@ -7,7 +7,7 @@ from peers.errors import FitError
 
 def test_too_small_a_ring_says_so_before_loading(tiny_llama, caplog):
     async def main():
-        # a tiny layer needs ~0.3 MB (weights and 512 positions of KV), a pass ~5.8 MB: each offers ~6.4 MB
+        # a tiny layer needs ~0.3 MB (weights and 576 positions of KV), a pass ~5.8 MB: each offers ~6.4 MB
         try:
             async with running_ring(tiny_llama, 1, extra=["--offer-gb", "0.006"], offer_gb=0.006,
                                     conversations=1) as (host, _):
@@ -19,6 +19,6 @@ def test_too_small_a_ring_says_so_before_loading(tiny_llama, caplog):
 
     msg = trio.run(main)
     assert "\n" not in msg and msg.startswith("needs ") and "for 4 layers in float32 at 512 positions" in msg, msg
-    assert "members offer 12.9 MB (room for 2 layers): add a member" in msg, msg
+    assert "members offer 12.9 MB (room for 3 layers): add a member" in msg, msg
     assert "--quant nf4 (needs " in msg and "--dtype bfloat16 (needs " in msg, msg
     assert not any("assign" in r.getMessage() or "loaded layers" in r.getMessage() for r in caplog.records)
