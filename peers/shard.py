@@ -17,7 +17,7 @@ from . import architectures, kv, packed
 from . import quant as quantization
 from .checkpoint import Stored, locations, weight_files
 from .cpu_linear import use_columns
-from .graphs import Graphs, bucket, pad, shape
+from .graphs import Graphs, pad, shape
 from .memory import release_freed
 from .errors import ModelError
 from .plan import CONVERSATIONS, MAX_CONTEXT, Span, cache_positions
@@ -163,9 +163,10 @@ class Shard:
             if committed > s.length:
                 raise ValueError(f"frame says {committed} positions are committed but this peer holds {s.length}")
         key = shape(len(passes), max(x.shape[1] for _, _, x, _ in passes)) if self.padding else None
+        if key and any(committed + key[1] > self.arena.room for _, committed, _, _ in passes):
+            key = None  # a conversation at its room's end: padding would write past it, so this pass runs eagerly
         for s, committed, x, _ in passes:
-            end = committed + (key[1] if key else x.shape[1])
-            if end > self.arena.room:
+            if committed + x.shape[1] > self.arena.room:
                 raise RoomError(f"the conversation has outgrown its room: {committed + x.shape[1]:,} positions, "
                                 f"and this member keeps {self.context:,} per conversation (--max-context)")
         self.arena.place([s for s, _, _, _ in passes])
@@ -178,8 +179,8 @@ class Shard:
         return hs
 
     def fits(self, committed: int, n: int) -> bool:
-        """Whether a pass of n positions after `committed` fits a conversation's room (padded, where it is)."""
-        return committed + ((bucket(n) or n) if self.padding else n) <= self.arena.room
+        """Whether a pass of n positions after `committed` fits a conversation's room."""
+        return committed + n <= self.arena.room
 
     @property
     def padding(self) -> bool:

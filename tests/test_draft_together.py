@@ -81,7 +81,7 @@ def test_drafting_together_is_one_forward_per_step_of_the_longest(setup, monkeyp
     base, contexts = setup
     ctx = [ids for ids, _ in contexts]
     n = counting(base, monkeypatch)
-    calls = [lambda d: d.draft(ctx[0], 5, GREEDY), lambda d: d.draft_tree(ctx[1], 0.005, 4, 12),
+    calls = [lambda d: d.draft(ctx[0], 7, GREEDY), lambda d: d.draft_tree(ctx[1], 0.005, 4, 12),
              lambda d: d.draft(ctx[2], 3, GREEDY)]
     steps = []
     for i, fn in enumerate(calls):

@@ -7,7 +7,7 @@ from peers.errors import FitError
 
 def test_too_small_a_ring_says_so_before_loading(tiny_llama, caplog):
     async def main():
-        # a tiny layer needs ~0.3 MB (weights and 512 positions of KV), a pass ~6.4 MB: each offers ~7.5 MB
+        # a tiny layer needs ~0.3 MB (weights and 768 positions of KV), a pass ~6.4 MB: each offers ~7.5 MB
         try:
             async with running_ring(tiny_llama, 1, extra=["--offer-gb", "0.007"], offer_gb=0.007,
                                     conversations=1) as (host, _):
