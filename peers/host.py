@@ -19,7 +19,7 @@ from . import checkpoint, device, links, models, validate, wire
 from .batcher import MAX_BATCH, Batcher, Round
 from .auth import AuthError, new_token, server_handshake
 from .channel import Channel, ChannelClosed, parse_addr, peername
-from .errors import FitError, RingError
+from .errors import FitError, MemberLeft, RingError
 from .fingerprint import config_fingerprint
 from .memory import default_device, pick_dtype, reset_peak, usage
 from .membership import Member, Roster, downloading
@@ -218,6 +218,8 @@ class Host:
     def _check(self, s: RingSession) -> None:
         if why := self.planner.problem():  # never an answer from part of the model
             s.lost()
+            if left := [m for m in self.ring if m.left]:  # a departure, said as one (generate.py)
+                raise MemberLeft(f"member {left[0].id} ({left[0].name}) left")
             raise RingError(f"the ring cannot answer: {why}")
 
     def _one_frame(self, s: RingSession, tokens: list[int], drafts: list[int]) -> bool:

@@ -98,12 +98,12 @@ show "ready"
 echo_keys "idle"
 type_line "$PROMPT"
 wait_for "answering" 30
-wait_for "tokens/trip +[0-9]" 60  # the stats panel shows the rounds
+wait_for "tokens/round +[0-9]" 60  # the stats panel shows the rounds
 echo_keys "while generating"
 wait_for "^  ready( |$)" 120  # the status line under the prompt
 show "answered"
 if [ -n "$EXPECT" ]; then pane | grep -qF "$EXPECT" || fail "the answer does not mention '$EXPECT'"; fi
-pane | grep -Eq "tokens/trip +[0-9]" || fail "no tokens per round in the stats panel"
+pane | grep -Eq "tokens/round +[0-9]" || fail "no tokens per round in the stats panel"
 
 type_line "/temp 0.5"  # the keys typed while it generated are cleared first
 settle 10 grep -q "temperature = 0.5" "$SFCHAT_CONFIG_DIR/settings.toml" 2>/dev/null \

@@ -54,16 +54,21 @@ async def run_until_ctrl_c(peer: Peer) -> None:
     """peer.run(); Ctrl+C (SIGINT) first tells the host this member leaves, then ends it as Ctrl+C does."""
     if threading.current_thread() is not threading.main_thread():  # (the peer screen: Textual has the keys)
         return await peer.run()
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            async def on_ctrl_c() -> None:
-                async for _ in signals:
-                    await peer.leave()
-                    raise KeyboardInterrupt
+    async def on_ctrl_c() -> None:
+        async for _ in signals:
+            await peer.leave()
+            raise KeyboardInterrupt
 
-            nursery.start_soon(on_ctrl_c)
-            await peer.run()
-            nursery.cancel_scope.cancel()
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(on_ctrl_c)
+                await peer.run()
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # what peer.run raised, as join_ring expects it (CannotServe, say)
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
 
 
 async def wait_for(address: str, every_s: float = 2.0) -> None:

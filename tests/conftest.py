@@ -55,12 +55,17 @@ def smollm2():
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+LONGEST = ("test_soak", "test_tui_tmux", "test_partial_ring", "test_long_context", "test_distill")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `cuda` run where a GPU is (scripts/gpu_check); elsewhere they skip, saying why. Under
     pytest-xdist (--dist loadgroup), the tests that share a module-scoped fixture (a ring, a server) run on one
     worker, so that it is made once; every other test goes to whichever worker is free."""
     import torch
 
+    # the longest go first, so that no worker is left running one alone at the end
+    items.sort(key=lambda item: item.module.__name__ not in LONGEST)
     for item in items:
         if any(d.scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))

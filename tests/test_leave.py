@@ -103,6 +103,7 @@ def test_the_headless_host_says_a_member_left_and_re_plans(tiny_llama):
         until("ring: host 0-3")
         _, err = host.communicate("/quit\n", timeout=60)
         lines.append(err)
+        joiner.wait(timeout=60)  # (a busy machine takes a while to end a torch process)
     finally:
         for p in (host, joiner):
             if p is not None and p.poll() is None:

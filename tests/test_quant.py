@@ -92,7 +92,7 @@ def test_nf4_member_peaks_well_under_float32_even_on_a_busy_machine(wide_llama):
     keeping a core busy meanwhile changes nothing (nothing it holds depends on how fast it goes)."""
     async def peak_of_span(quant: str) -> int:
         # the host offers just enough for the embedding, head and a pass: the member holds all four layers
-        async with running_ring(wide_llama, 1, extra=["--quant", quant], offer_gb=0.08,
+        async with running_ring(wide_llama, 1, extra=["--quant", quant], offer_gb=0.09,
                                 conversations=1) as (host, _):
             (m,) = host.ring
             assert m.span.size == 4 and m.peak > 0, host.members_info()

@@ -58,6 +58,17 @@ class Drafter:
         return await trio.to_thread.run_sync(self.propose_tree, context, floor, depth, max_nodes, stop,
                                              params or SamplingParams())
 
+    def _drive(self, steps):
+        """Run a generator of steps (each yields a step and is sent `_run`'s output for it) to its end, alone; its
+        result. Together with other conversations' steps, peers/drafting/together.py drives them."""
+        out = None
+        while True:
+            try:
+                step = steps.send(out)
+            except StopIteration as done:
+                return done.value
+            out = self._run(step)
+
     def fork(self) -> "Drafter":
         """A drafter for another conversation running at the same time: the same weights, its own state."""
         return copy.copy(self)

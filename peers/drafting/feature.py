@@ -161,17 +161,6 @@ class FeatureDrafter(Drafter):
                          position_ids=step.positions)[0]
         return out, self.model.head(out[len(out) - step.heads:])
 
-    def _drive(self, steps):
-        """Run a generator of steps (each yields a Step and is sent its output) to its end, alone; its result.
-        Together with other conversations' steps, peers/drafting/together.py drives them."""
-        out = None
-        while True:
-            try:
-                step = steps.send(out)
-            except StopIteration as done:
-                return done.value
-            out = self._run(step)
-
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft's greedy confidences over its head's rows, from the head's logits. Distillation leaves it
         under-confident (its chains are right more often than their confidences say): SHARPEN is the temperature

@@ -167,15 +167,6 @@ class ModelDrafter(Drafter):
     async def draft(self, context, n, params, stop=None, floor=0.0, prior=1.0):
         return await self.together.run(self, self.chain_steps(context, n, params, stop))
 
-    def _drive(self, steps):
-        out = None
-        while True:
-            try:
-                step = steps.send(out)
-            except StopIteration as end:
-                return end.value
-            out = self._run(step)
-
     def chain_steps(self, context: list[int], n: int, params, stop=None):
         """(steps) A chain of n drafts: the context's new part, then one step per draft but the last; its result
         is (tokens, q)."""
