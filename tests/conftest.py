@@ -54,10 +54,10 @@ def smollm2():
     return models.resolve("smollm2-135m", say=lambda *a: None)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 LONGEST = ("test_soak", "test_tui_tmux", "test_partial_ring", "test_long_context", "test_distill")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tests marked `cuda` run where a GPU is (scripts/gpu_check); elsewhere they skip, saying why. Under
     pytest-xdist (--dist loadgroup), the tests that share a module-scoped fixture (a ring, a server) run on one
