@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     # the longest go first, so that no worker is left running one alone at the end
-    items.sort(key=lambda item: item.module.__name__ not in LONGEST)
+    items.sort(key=lambda item: LONGEST.index(item.module.__name__) if item.module.__name__ in LONGEST else len(LONGEST))
     for item in items:
         if any(d.scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
