@@ -104,7 +104,7 @@ def main() -> int:
         time.sleep(0.5)
         mark = term.mark()
         term.send("Write a long story about a dragon who learns to code.\r")
-        term.wait(r"tok/round\s+\d", 120, since=mark)  # 400 tokens on CPU outlast the keys by far
+        term.wait(r"tokens/round\s+\d", 120, since=mark)  # 400 tokens on CPU outlast the keys by far
         time.sleep(1)
         busy = []
         for i in range(a.keys):

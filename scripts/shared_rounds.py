@@ -56,7 +56,7 @@ async def main(a) -> None:
         async with open_ring(opts, announce=False) as ring:
             drafter = await new_drafter(None, ring)
             print(f"{a.rtt_ms:g} ms, {a.local_peers} local peers; ms per round")
-            print("| clients | tok/s | tok/round | per pass | drafts | drafting | host | peers | link |")
+            print("| clients | tok/s | tokens/round | per pass | drafts | drafting | host | peers | link |")
             print("|---|---|---|---|---|---|---|---|---|")
             for n in a.clients:
                 rounds: list[dict] = []
