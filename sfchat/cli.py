@@ -13,6 +13,7 @@ import trio
 from peers import models
 
 from . import __version__
+from .arg_types import at_least, gigabytes, in_range
 from .tree_args import tree_args
 from .local import die_with_parent
 from .user_errors import runnable, user_error
@@ -52,38 +53,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def at_least(low: int):
-    def check(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if n < low:
-            raise argparse.ArgumentTypeError(f"must be {low} or more, got {n}")
-        return n
-    return check
 
-
-def in_range(low: float, high: float):
-    def check(text: str) -> float:
-        try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not low <= x <= high:
-            raise argparse.ArgumentTypeError(f"must be in {low:g}..{high:g}, got {text}")
-        return x
-    return check
-
-
-def gigabytes(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GB") from None
-    if not (math.isfinite(x) and x >= 0):
-        raise argparse.ArgumentTypeError(f"must be 0 or more GB, got {text}")
-    return x
 
 
 def offer_arg(p: argparse.ArgumentParser) -> None:

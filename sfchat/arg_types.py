@@ -1,0 +1,41 @@
+"""Argument types of sfchat's commands: each refuses a bad value in argparse's one line."""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def at_least(low: int, high: int | None = None):
+    """A whole number of at least `low` (and at most `high`)."""
+    def check(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < low or (high is not None and n > high):
+            raise argparse.ArgumentTypeError(f"must be {low} or more, got {n}" if high is None
+                                             else f"must be in {low}..{high}, got {n}")
+        return n
+    return check
+
+
+def in_range(low: float, high: float):
+    def check(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low <= x <= high:
+            raise argparse.ArgumentTypeError(f"must be in {low:g}..{high:g}, got {text}")
+        return x
+    return check
+
+
+def gigabytes(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GB") from None
+    if not (math.isfinite(x) and x >= 0):
+        raise argparse.ArgumentTypeError(f"must be 0 or more GB, got {text}")
+    return x
