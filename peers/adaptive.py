@@ -87,6 +87,7 @@ class KPolicy:
     trees: bool = True  # False (--no-trees): drafts are chains
     tree_nodes: int | None = None  # --tree-nodes N: N drafted positions a round (a tree's nodes, or a chain's)
     max_nodes: int = MAX_NODES  # a tree's nodes at most
+    in_flight: int | None = None  # --in-flight N: this conversation's rounds on the ring at most (None: the policy's)
 
     @property
     def alpha(self) -> float:

@@ -22,6 +22,9 @@ class RoundStats:
     tree: bool = False  # the drafts were a tree (`drafted` nodes, branching where the draft was unsure) ...
     depth: int = 0  # ... this many levels deep (a chain: its length); `accepted` is how deep the accepted path went
     batch: int = 1  # conversations whose rounds went round in the same pass (peers/batcher.py)
+    in_flight: int = 1  # this conversation's rounds on the ring when it was sent, itself included (peers/in_flight.py)
+    cancelled: bool = False  # everything it carried was dead before its reply came (a verdict contradicted it)
+    caught: bool = False  # a rejection in an earlier round landed on this round's hedge: no round trip was lost
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -35,6 +38,9 @@ class RunningStats:
     drafted: int = 0
     accepted: int = 0
     trees: int = 0  # rounds whose drafts were a tree
+    in_flight: int = 0  # the rounds' in_flight, summed
+    cancelled: int = 0  # rounds cancelled
+    caught: int = 0  # rejections a hedge caught
     draft_ms: float = 0.0
     hidden_draft_ms: float = 0.0
     peak_tps: float = 0.0
@@ -47,6 +53,9 @@ class RunningStats:
         self.drafted += r.drafted
         self.accepted += r.accepted
         self.trees += r.tree
+        self.in_flight += r.in_flight
+        self.cancelled += r.cancelled
+        self.caught += r.caught
         self.draft_ms += r.draft_ms
         self.hidden_draft_ms += r.hidden_draft_ms
         self.window.append((r.committed, r.round_ms / 1e3))
@@ -74,6 +83,9 @@ class RunningStats:
                 "tokens_per_second_now": round(self.now_tps, 3), "tokens_per_second_peak": round(self.peak_tps, 3),
                 "rounds": self.rounds, "tokens_per_round": round(self.tokens / self.rounds, 3) if self.rounds else 0.0,
                 "drafted": self.drafted, "accepted": self.accepted, "tree_rounds": self.trees,
+                "rounds_in_flight": round(self.in_flight / self.rounds, 3) if self.rounds else 0.0,
+                "cancelled_share": round(self.cancelled / self.rounds, 4) if self.rounds else 0.0,
+                "hedges_caught": self.caught,
                 "acceptance": round(self.accepted / self.drafted, 4) if self.drafted else None,
                 "draft_ms": round(self.draft_ms, 2), "draft_hidden_fraction":
                     round(self.hidden_draft_ms / total_draft, 4) if total_draft else None}
