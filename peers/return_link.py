@@ -48,7 +48,7 @@ class ReturnLink:
     async def round_trip(self, frame: dict, n_positions: int, sent: list, place: torch.Tensor | None = None) -> dict:
         """Send a pass to the first member and wait for the last one's reply (RingError if the ring fails it); the
         reply's hidden states land in `place` if they fit it."""
-        seq = frame["seq"] = next(self.seq)
+        seq = frame["seq"] = frame["seq"] if "seq" in frame else next(self.seq)
         send, recv = trio.open_memory_channel(1)
         self.waiting[(frame["sid"], seq)] = (send, place)
         try:
