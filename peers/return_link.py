@@ -28,6 +28,8 @@ class ReturnLink:
         """The last hop's results come back here; hand each to the pass waiting for it."""
         while True:
             msg = await ch.recv(into=self._landing)
+            if msg["t"] == "cancel":  # the host's own cancel, come round the ring: every member has it
+                continue
             if msg["t"] not in ("fwd", "fail"):
                 raise wire.WireError(f"unexpected {msg['t']!r} on the return link")
             waiter = self._waiter(msg)
