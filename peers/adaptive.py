@@ -125,10 +125,11 @@ class KPolicy:
         on the wire, so a node of it pays only its place in the pass."""
         if self.tree_nodes is not None:
             return self.tree_nodes, 0.0, self.tree_nodes
+        depth = self.pinned or self.k_max
         if self.spent <= 0:
-            return 4, 0.1, self.nodes()
+            return min(depth, 4), 0.1, self.nodes()
         cost = self.verify_ms + (draft_ms if plain else 0.0)
-        return self.k_max, self.made / self.spent * cost / self.trust, self.nodes()
+        return depth, self.made / self.spent * cost / self.trust, self.nodes()
 
     def rounds_in_flight(self, trip_ms: float, busiest_ms: float) -> int:
         """How many of an answer's rounds may be on the ring at once: --in-flight N, else as many as the ring can

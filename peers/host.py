@@ -242,10 +242,14 @@ class Host:
                 raise MemberLeft(f"member {left[0].id} ({left[0].name}) left")
             raise RingError(f"the ring cannot answer: {why}")
 
-    def _one_frame(self, s: RingSession, tokens: list[int], drafts: list[int], fixed: bool = False) -> bool:
+    def _one_frame(self, s: RingSession, tokens: list[int], drafts: list[int]) -> bool:
         """A round (not a prompt or a replay, which go in chunks): it can go round with others' rounds."""
-        n = len(tokens) if fixed else len(tokens) - self.committed(s) + len(drafts)
-        return 0 < n <= min(SHARED_CHUNK, self._frame_positions())
+        n = len(tokens) - self.committed(s) + len(drafts)
+        return 0 < n <= self.round_positions()
+
+    def round_positions(self) -> int:
+        """The positions of one conversation's round at most."""
+        return min(SHARED_CHUNK, self._frame_positions())
 
     def _frame_positions(self) -> int:
         return chunk_positions(self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME)
@@ -259,9 +263,9 @@ class Host:
                 try:
                     self._check(r.s)
                     if r.committed is not None:  # a round in flight: its frame is what it says, or nothing
-                        if not self._one_frame(r.s, r.tokens, [], fixed=True):
+                        if len(r.tokens) > self.round_positions():
                             raise RingError(f"a round in flight of {len(r.tokens)} positions is past a frame")
-                        if r.s.held(self.epoch) < r.committed:
+                        if not r.s.fresh(self.epoch) or r.s.cache.length < r.committed:
                             raise RingError("the positions a round in flight builds on went with a re-plan")
                         ready.append(r)
                     elif self._one_frame(r.s, r.tokens, r.drafts):
@@ -402,7 +406,7 @@ class Host:
         passes = [(p.s.cache, p.committed, torch.tensor([p.ids], dtype=torch.long), p.parents, p.keep) for p in parts]
         try:
             hs, (header, raw) = await self.stage.first(passes, bool(self.ring))
-        except RoomError as e:
+        except ValueError as e:  # (RoomError is one) a frame the host's own stage cannot take: replayed
             raise RingError(str(e)) from None
         host_ms = (time.perf_counter() - t0) * 1e3
         if not self.ring:

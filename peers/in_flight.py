@@ -157,21 +157,24 @@ class Flight:
 
     async def next_round(self, left: int) -> Flying | None:
         """The next round to send, drafted now, or None when none is worth sending."""
+        if any(g.error is not None for g in self.flying):
+            return None  # a round failed: nothing more builds on it (its verdict raises the failure)
         unsent = self._unsent()
         live = sum(not g.cancelled for g in self.flying)
         if not unsent and (not live or live >= self.rounds_allowed()):
             return None
         t0 = time.perf_counter()
-        new = unsent + await self._draft(left, plain=not live)
+        new = unsent + await self._draft(left, plain=not live, room=self.host.round_positions() - len(unsent))
         if not new:
             return None
         draft_ms = (time.perf_counter() - t0) * 1e3
         return self._frame(new, draft_ms, hidden=live > 0)
 
-    async def _draft(self, left: int, plain: bool) -> list[Node]:
-        """New draft nodes: under the head in a plain round, else hedges where the rounds in flight may end."""
+    async def _draft(self, left: int, plain: bool, room: int) -> list[Node]:
+        """New draft nodes (at most `room`): under the head in a plain round, else hedges where the rounds in flight
+        may end."""
         k, floor, nodes = self.policy.flight_plan(self.drafter.ms_per_token, plain)
-        k = min(k, left - 1)
+        k, nodes = min(k, left - 1), min(nodes, room)
         if k <= 0:
             return []
         ends = self._ends(floor)

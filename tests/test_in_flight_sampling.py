@@ -68,6 +68,9 @@ class TableRing:
     def committed(self, rs) -> int:
         return len(self.columns)
 
+    def round_positions(self) -> int:
+        return 64
+
     async def cancel(self, rounds) -> None:
         pass
 
