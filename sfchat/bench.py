@@ -45,8 +45,8 @@ columns:
   ceiling tok/s     tokens/round / (RTT + compute ms/round): what the mode would reach if the network cost
                     only its round trip and nothing but compute ran in between
   of ceiling        tok/s / ceiling tok/s: the rest went to the prompt's reading, waiting and the event loop
-a ring-spec row names the --in-flight it ran with: "rounds in flight (auto)" (the policy chose how many rounds
-of one conversation are on the ring at once) or "N in flight" (pinned; 1: each round waits for the one before it)
+a ring-spec row names its --in-flight: "rounds in flight (auto)" (the policy chose how many of a conversation's
+rounds are on the ring at once) or "N in flight" (pinned; 1: each round waits for the one before it)
 under each ring's table, for each ring-spec row:
   in flight         the conversation's rounds on the ring when each was sent, itself included, on average;
                     1.00: each round waited for the one before it
@@ -534,8 +534,8 @@ def pin(local_peers: int, say) -> dict | None:
         return None
     cores, n = sorted(os.sched_getaffinity(0)), local_peers + 1
     if n > len(cores):
-        say(f"bench: --pin: {n} processes (the host and {local_peers} members) on {len(cores)} cores: "
-            f"they share them round-robin")
+        say(f"bench: --pin: {n} processes (the host, {local_peers} members) on {len(cores)} cores share them "
+            "round-robin")
     blocks = split(n, cores)
     pin_self(blocks[0])
     return {"host": blocks[0]} | {local_name(i): b for i, b in enumerate(blocks[1:])}
@@ -578,15 +578,20 @@ def row_line(r: dict) -> str:
             f"{r['tokens_per_round']:.2f} tokens/round")
 
 
+def short_label(r: dict) -> str:
+    """A row's mode and --in-flight, without its draft (the table names it)."""
+    return r["mode"] + (f", {flight_label(r['in_flight'])}" if "in_flight" in r else "")
+
+
 def flight_line(r: dict) -> str:
     """A ring row's rounds in flight (mean), the share cancelled and the hedges caught."""
     return (f"{r['rounds_in_flight']:.2f} in flight, {r['cancelled_share']:.0%} cancelled, "
-            f"{r['hedges_caught']} hedges caught: {mode_cell(r, ' ')}")
+            f"{r['hedges_caught']} hedges caught: {short_label(r)}")
 
 
 def passes_line(r: dict) -> str:
     """Each member's milliseconds per pass at T = 1 and T = K+1, as measured in a ring row."""
-    return f"{r['mode']}: " + "; ".join(
+    return f"{short_label(r)}: " + "; ".join(
         f"{m} " + ", ".join(f"{ms:.1f} ms at {t}" for t, ms in by_t.items()) for m, by_t in r["pass_ms"].items())
 
 
@@ -738,7 +743,7 @@ async def bench(args) -> int:
     plan = bench_plan(args)
     err = Console(stderr=True)
     if args.pin:  # first: the host's threads (torch's, trio's) start on its cores
-        plan.cores = pin(args.local_peers, lambda line: err.print(line, highlight=False, markup=False))
+        plan.cores = pin(args.local_peers, lambda line: err.print(line, highlight=False, markup=False, soft_wrap=True))
     model_dir = models.resolve(args.model, say=lambda *a: print(*a, file=sys.stderr))
     tokenizer = load_tokenizer(model_dir)
     logging.getLogger("sfchat.host").setLevel(logging.ERROR)  # closing each ring "loses" its members: not news
