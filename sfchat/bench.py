@@ -18,7 +18,7 @@ import platform
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import trio
@@ -454,8 +454,9 @@ async def ring_row(args, ring, mode: str, spec: str | None, flight: int | str | 
         if cores is not None:  # what the system says each process may run on (not what was asked)
             pids = {"host": 0} | {local_name(i): p.pid for i, p in enumerate(ring.local.procs if ring.local else [])}
             for m in row.members:
-                if m["name"] in pids:
-                    m["cores"] = sorted(os.sched_getaffinity(pids[m["name"]]))
+                with suppress(ProcessLookupError):  # (a member that has just gone)
+                    if m["name"] in pids:
+                        m["cores"] = sorted(os.sched_getaffinity(pids[m["name"]]))
     except Exception as e:  # noqa: BLE001 - one mode's failure must not lose the others' figures
         row.error = one_line(e)
     finally:
