@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from .tree import MAX_NODES
 
 EXPLORE_EVERY = 8
+MAX_IN_FLIGHT = 4  # an answer's rounds on the ring at once, at most
 MIN_K_VARIANCE = 0.25  # below this spread of recent K, a fitted slope would be noise
 
 
@@ -117,6 +118,27 @@ class KPolicy:
         if not confident or self.pinned is not None or self.spent <= 0:
             return self.choose(draft_ms), 0.0
         return self.k_max, self.made / self.spent * (self.verify_ms + draft_ms) / self.trust
+
+    def flight_plan(self, draft_ms: float, plain: bool) -> tuple[int, float, int]:
+        """(rounds in flight, peers/in_flight.py) A round's tree: (depth, floor, nodes). A plain round (nothing in
+        flight) pays a node's drafting and its place in the pass as plan() does; a hedge drafts while rounds are
+        on the wire, so a node of it pays only its place in the pass."""
+        if self.tree_nodes is not None:
+            return self.tree_nodes, 0.0, self.tree_nodes
+        if self.spent <= 0:
+            return 4, 0.1, self.nodes()
+        cost = self.verify_ms + (draft_ms if plain else 0.0)
+        return self.k_max, self.made / self.spent * cost / self.trust, self.nodes()
+
+    def rounds_in_flight(self, trip_ms: float, busiest_ms: float) -> int:
+        """How many of an answer's rounds may be on the ring at once: --in-flight N, else as many as the ring can
+        work on while one crosses it, the time a round takes on its own over the slowest stage's time for it."""
+        if self.in_flight is not None:
+            return self.in_flight
+        trip_ms = trip_ms or self.base_ms
+        if trip_ms <= 0 or busiest_ms <= 0:
+            return 2
+        return max(1, min(MAX_IN_FLIGHT, round(trip_ms / busiest_ms)))
 
     def pass_ms(self, positions: int) -> float:
         """What a pass carrying `positions` costs: as measured where passes of that size were seen (on a CPU the

@@ -23,6 +23,7 @@ from .adaptive import KPolicy
 from .drafting import Drafter
 from .errors import MemberLeft
 from .host import Host, RingError, RingSession
+from .in_flight import Flight
 from .sampling import SamplingParams, verify_sampling
 from .stats import RoundStats, RunningStats
 from .tree import Draft, chain, depths, on_chain, verify_greedy
@@ -96,15 +97,29 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
         params.seed = random.randrange(2**31)
     speculation = Speculation(host, rs, drafter, params, policy, eos, overlap)
     stats, rounds, start = RunningStats(), [], len(tokens)
-    finish, retries = "length", 0
+    finish, retries, plain = "length", 0, False
+
+    def report(r: RoundStats, new: list[int]) -> None:
+        stats.add(r)
+        rounds.append(r.to_dict())
+        if on_round is not None:
+            on_round({"event": "round", "round": r.to_dict(), "new": new, "stats": stats.summary()})
+
     while len(tokens) - start < max_new_tokens:
         if should_stop is not None and should_stop():
             finish = "stopped"
             break
         epoch = host.epoch  # the plan this round starts under: a failure is recovered from once per plan
         try:
+            if plain and _can_fly(host, drafter, policy):  # after a plain round (it brings the prompt's logits)
+                at_eos = await Flight(host, rs, drafter, params, policy, eos, tokens).run(
+                    max_new_tokens - (len(tokens) - start), report, should_stop)
+                finish = "eos" if at_eos else "stopped" if should_stop is not None and should_stop() else "length"
+                break
             r, new, at_eos = await speculation.round(tokens, max_new_tokens - (len(tokens) - start))
+            plain = True
         except RingError as failure:
+            plain = False
             retries += 1
             if retries > max_retries:
                 raise
@@ -117,14 +132,18 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
             await host.recover(epoch)
             continue
         retries = 0
-        stats.add(r)
-        rounds.append(r.to_dict())
-        if on_round is not None:
-            on_round({"event": "round", "round": r.to_dict(), "new": new, "stats": stats.summary()})
+        report(r, new)
         if at_eos:
             finish = "eos"
             break
     return Result(tokens[start:], finish, stats, rounds)
+
+
+def _can_fly(host: Host, drafter: Drafter, policy: KPolicy) -> bool:
+    """Whether an answer keeps several rounds in flight (peers/in_flight.py): over a ring of members, with a drafter
+    of trees, unless --in-flight 1 or --no-trees says otherwise."""
+    return bool(host.ring) and policy.in_flight != 1 and policy.trees and drafter.name != "none" \
+        and hasattr(drafter, "propose_tree")
 
 
 @dataclass
