@@ -89,6 +89,8 @@ class KPolicy:
     tree_nodes: int | None = None  # --tree-nodes N: N drafted positions a round (a tree's nodes, or a chain's)
     max_nodes: int = MAX_NODES  # a tree's nodes at most
     in_flight: int | None = None  # --in-flight N: this conversation's rounds on the ring at most (None: the policy's)
+    trip_ms: float = 0.0  # a round's time on the ring with nothing in front of it, smoothed
+    busiest_ms: float = 0.0  # the busiest stage's compute in such a round, smoothed
 
     @property
     def alpha(self) -> float:
@@ -119,27 +121,36 @@ class KPolicy:
             return self.choose(draft_ms), 0.0
         return self.k_max, self.made / self.spent * (self.verify_ms + draft_ms) / self.trust
 
-    def flight_plan(self, draft_ms: float, plain: bool) -> tuple[int, float, int]:
+    def flight_plan(self, draft_ms: float, plain: bool, position_ms: float = 0.0) -> tuple[int, float, int]:
         """(rounds in flight, peers/in_flight.py) A round's tree: (depth, floor, nodes). A plain round (nothing in
-        flight) pays a node's drafting and its place in the pass as plan() does; a hedge drafts while rounds are
-        on the wire, so a node of it pays only its place in the pass."""
+        flight) is on the answer's critical path: a node pays its drafting and its place in the pass, as plan()
+        has it. A hedge node is worth what it saves: where it is needed (its chance P), the answer goes on without
+        waiting a round trip (trip_ms) for a round sent after the verdict; it costs what its place adds to the
+        busiest stage (position_ms), where rounds queue. So it goes where P * trip_ms >= position_ms."""
         if self.tree_nodes is not None:
             return self.tree_nodes, 0.0, self.tree_nodes
         depth = self.pinned or self.k_max
         if self.spent <= 0:
             return min(depth, 4), 0.1, self.nodes()
-        cost = self.verify_ms + (draft_ms if plain else 0.0)
-        return depth, self.made / self.spent * cost / self.trust, self.nodes()
+        if plain or self.trip_ms <= 0:
+            return depth, self.made / self.spent * (self.verify_ms + draft_ms) / self.trust, self.nodes()
+        return depth, position_ms / self.trip_ms / self.trust, self.nodes()
 
-    def rounds_in_flight(self, trip_ms: float, busiest_ms: float) -> int:
+    def stages(self, timing: dict) -> None:
+        """A round that had the ring to itself: its time there and its busiest stage's compute."""
+        busiest = max([timing["host_ms"]] + [ms for _, ms in timing["peers"]])
+        self.trip_ms = timing["pass_ms"] if not self.trip_ms else 0.7 * self.trip_ms + 0.3 * timing["pass_ms"]
+        self.busiest_ms = busiest if not self.busiest_ms else 0.7 * self.busiest_ms + 0.3 * busiest
+
+    def rounds_in_flight(self) -> int:
         """How many of an answer's rounds may be on the ring at once: --in-flight N, else as many as the ring can
-        work on while one crosses it, the time a round takes on its own over the slowest stage's time for it."""
+        work on while one goes round: its time on the ring over its busiest stage's (rounds queue at that stage
+        beyond it)."""
         if self.in_flight is not None:
             return self.in_flight
-        trip_ms = trip_ms or self.base_ms
-        if trip_ms <= 0 or busiest_ms <= 0:
-            return 2
-        return max(1, min(MAX_IN_FLIGHT, round(trip_ms / busiest_ms)))
+        if self.trip_ms <= 0 or self.busiest_ms <= 0:
+            return 1
+        return max(1, min(MAX_IN_FLIGHT, round(self.trip_ms / self.busiest_ms)))
 
     def pass_ms(self, positions: int) -> float:
         """What a pass carrying `positions` costs: as measured where passes of that size were seen (on a CPU the

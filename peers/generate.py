@@ -30,6 +30,7 @@ from .tree import Draft, chain, depths, on_chain, verify_greedy
 from .tree_sampling import verify_tree
 
 log = logging.getLogger("sfchat.generate")
+WARM_ROUNDS = 3  # plain rounds a policy measures before rounds go in flight
 
 
 @dataclass
@@ -111,7 +112,8 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
             break
         epoch = host.epoch  # the plan this round starts under: a failure is recovered from once per plan
         try:
-            if plain and _can_fly(host, drafter, policy):  # after a plain round (it brings the prompt's logits)
+            if plain and policy.rounds >= WARM_ROUNDS and _can_fly(host, drafter, policy):  # (after plain rounds:
+                # the first brings the prompt's logits, and a few tell the policy what a pass costs)
                 at_eos = await Flight(host, rs, drafter, params, policy, eos, tokens).run(
                     max_new_tokens - (len(tokens) - start), report, should_stop)
                 finish = "eos" if at_eos else "stopped" if should_stop is not None and should_stop() else "length"
@@ -142,7 +144,7 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
 def _can_fly(host: Host, drafter: Drafter, policy: KPolicy) -> bool:
     """Whether an answer keeps several rounds in flight (peers/in_flight.py): over a ring of members, with a drafter
     of trees, unless --in-flight 1 or --no-trees says otherwise."""
-    return bool(host.ring) and policy.in_flight != 1 and policy.trees and drafter.name != "none" \
+    return bool(host.ring) and policy.rounds_in_flight() > 1 and policy.trees and drafter.name != "none" \
         and hasattr(drafter, "propose_tree")
 
 
@@ -188,6 +190,8 @@ class Speculation:
                        peers=timing["peers"], verify_ms=round(verify_ms, 3),
                        round_ms=round((time.perf_counter() - t_round) * 1e3, 3), tree=as_tree,
                        depth=max(depths(draft.parents), default=0), batch=timing.get("batch", 1))
+        if r.batch == 1 and pending <= 2:  # a round alone on the ring: what rounds in flight are sized by
+            self.policy.stages(timing)
         # a pass that carried B conversations' rounds: the policy weighs a draft against what the whole pass
         # makes per ms, and what a position costs by all the positions it carried (peers/adaptive.py)
         own = pending + len(drafts)

@@ -98,8 +98,7 @@ class Flight:
             self._commit(Node(t, self.head, self.head.pos + 1))
         self.flying: deque[Flying] = deque()
         self.last_landing = time.perf_counter()
-        self.busiest_ms = 0.0  # the slowest stage's compute per round, smoothed
-        self.trip_ms = 0.0  # a round's time on the ring when nothing waits in front of it, smoothed
+        self.plain_nodes = 0  # the drafts of the last plain round (nothing in flight beside it)
 
     # --- the tree ------------------------------------------------------------------------------------------
 
@@ -134,6 +133,16 @@ class Flight:
         return out
 
     @staticmethod
+    def _below(n: Node) -> int:
+        """How many nodes the tree has under n."""
+        count, stack = 0, list(n.children)
+        while stack:
+            m = stack.pop()
+            count += 1
+            stack.extend(m.children)
+        return count
+
+    @staticmethod
     def _path(n: Node, top: Node) -> list[int]:
         """The tokens from below `top` down to n."""
         out = []
@@ -152,19 +161,17 @@ class Flight:
 
     # --- the rounds ----------------------------------------------------------------------------------------
 
-    def rounds_allowed(self) -> int:
-        return self.policy.rounds_in_flight(self.trip_ms, self.busiest_ms)
-
     async def next_round(self, left: int) -> Flying | None:
         """The next round to send, drafted now, or None when none is worth sending."""
         if any(g.error is not None for g in self.flying):
             return None  # a round failed: nothing more builds on it (its verdict raises the failure)
         unsent = self._unsent()
         live = sum(not g.cancelled for g in self.flying)
-        if not unsent and (not live or live >= self.rounds_allowed()):
+        if not unsent and (not live or live >= self.policy.rounds_in_flight()):
             return None
         t0 = time.perf_counter()
         new = unsent + await self._draft(left, plain=not live, room=self.host.round_positions() - len(unsent))
+        import sys; print(f"NEXT live {live} allowed {self.policy.rounds_in_flight()} trip {self.policy.trip_ms:.0f} busiest {self.policy.busiest_ms:.0f} new {len(new)} ends {[(round(c,3), n.pos) for c, n in self._ends(0.0)]}", file=sys.stderr)
         if not new:
             return None
         draft_ms = (time.perf_counter() - t0) * 1e3
@@ -173,24 +180,35 @@ class Flight:
     async def _draft(self, left: int, plain: bool, room: int) -> list[Node]:
         """New draft nodes (at most `room`): under the head in a plain round, else hedges where the rounds in flight
         may end."""
-        k, floor, nodes = self.policy.flight_plan(self.drafter.ms_per_token, plain)
+        position_ms = min(self.policy.verify_ms, self.policy.busiest_ms / self.plain_nodes) if self.plain_nodes \
+            else self.policy.verify_ms
+        k, floor, nodes = self.policy.flight_plan(self.drafter.ms_per_token, plain, position_ms)
         k, nodes = min(k, left - 1), min(nodes, room)
+        if not plain and self.plain_nodes:  # a hedge takes no more of every stage than a plain round does
+            nodes = min(nodes, self.plain_nodes)
         if k <= 0:
             return []
         ends = self._ends(floor)
         made: list[tuple[float, Node]] = []
         for chance, at in ends:
             context = self.tokens + self._path(at, self.head)
-            d = await self.drafter.draft_tree(context, floor / chance if chance else 1.0, k, nodes,
-                                              params=self.params)
-            made += self._graft(at, chance, d)
-        made.sort(key=lambda cn: -cn[0])
-        chosen = {id(n) for c, n in made[:nodes] if c >= floor}
-        kept = [n for _, n in made if id(n) in chosen]
+            # as many nodes as are below it already, and `nodes` more: the draft ranks the ones sent among them
+            d = await self.drafter.draft_tree(context, floor / chance if chance else 1.0, k,
+                                              nodes + self._below(at), params=self.params)
+            g = self._graft(at, chance, d)
+            import sys; print(f"  DRAFT at {at.pos} ch {chance:.3f} floor {floor:.3f} k {k} -> {len(d.tokens)} toks {[(t, p, round(x,3)) for t, p, x in zip(d.tokens, d.parents, d.sure)][:6]} new {[(round(c,3), n.pos) for c, n in g]}", file=sys.stderr)
+            made += g
+        made.sort(key=lambda cn: -cn[0])  # (stable: a parent as likely as its child stays before it)
+        chosen = [(c, n) for c, n in made[:nodes] if c >= floor]
+        if plain and self.policy.tree_nodes is None:  # as many as the pass costs of this ring make worth it
+            chosen = chosen[:self.policy.select([c for c, _ in chosen], len(self._unsent()))]
+        if plain:
+            self.plain_nodes = max(len(chosen), 1)
+        sent = {id(n) for _, n in chosen}
         for _, n in made:  # what is not sent is not in the tree
-            if id(n) not in chosen and n in n.parent.children:
+            if id(n) not in sent and n in n.parent.children:
                 n.parent.children.remove(n)
-        return sorted(kept, key=lambda n: (n.pos, 0))
+        return sorted((n for _, n in chosen), key=lambda n: n.pos)
 
     def _ends(self, floor: float) -> list[tuple[float, Node]]:
         """The likeliest places the rounds in flight stop at, where new nodes may go: (the chance of stopping
@@ -338,10 +356,6 @@ class Flight:
                 g.cancelled = True
                 cancel.append((self.rs.sid, g.round.seq))
         now = time.perf_counter()
-        stages = [timing["host_ms"]] + [ms for _, ms in timing["peers"]]
-        self.busiest_ms = _smooth(self.busiest_ms, max(stages))
-        if f.in_flight == 1:  # nothing waited in front of it: a round's own time on the ring
-            self.trip_ms = _smooth(self.trip_ms, timing["pass_ms"])
         # every node of it is decided by now: its parent's round is this one or an earlier one
         accepted = sum(n.committed for n in f.drafts)
         depth = max(n.pos for n in f.drafts) - min(n.pos for n in f.drafts) + 1 if f.drafts else 0
@@ -353,7 +367,8 @@ class Flight:
                        depth=depth, batch=timing.get("batch", 1), in_flight=f.in_flight,
                        cancelled=f.cancelled or logits is None, caught=f.caught)
         self.last_landing = now
-        if logits is not None:
+        if logits is not None and f.in_flight == 1:  # (a round queued behind others says little of pass costs)
+            self.policy.stages(timing)
             self.policy.update(len(f.drafts), accepted, timing["pass_ms"] + verify_ms, len(f.nodes),
                                share=1 / r.batch, others=max(timing.get("positions", len(f.nodes)) - len(f.nodes), 0))
         return new, at_eos, cancel, r
@@ -370,6 +385,7 @@ class Flight:
                 if c is not child:
                     self._kill(c)
             if child is None:  # the target's own token: the next round carries it
+                import sys; print(f"MISS at pos {h.pos} kids {[(c.token, c.flight is not None and id(c.flight)%1000, round(c.cond,2)) for c in h.children]} target {token} live {[id(g.flight)%1000 if False else (id(g)%1000, len(g.nodes)) for g in self.flying]}", file=sys.stderr)
                 child = Node(token, h, h.pos + 1)
             elif h.children and child is not h.children[0] and child.flight is not h.children[0].flight:
                 child.flight.caught = True  # a hedge sent after the first guess caught this rejection
@@ -409,6 +425,3 @@ class Flight:
         self.rs.filled = max(self.rs.filled, self.base)
         self.rs.ring_len = min(self.base, len(self.tokens) - 1)
 
-
-def _smooth(old: float, new: float, keep: float = 0.7) -> float:
-    return new if old <= 0 else keep * old + (1 - keep) * new
