@@ -44,6 +44,18 @@ whole pass, and a draft what its share of the drafting run costs (peers/drafting
 for the time it adds to everyone's round, not only to its own conversation's. What a position adds depends on
 how many the pass already carries (the other conversations' too: a fifth row costs less than a second), so the
 line and the table of pass costs are over the pass's positions, all conversations' together.
+
+Rounds in flight (peers/in_flight.py). A round alone on the ring takes trip_ms (the round trip and every stage's
+compute), of which its busiest stage is busy busiest_ms; rounds sent one after another queue at that stage, so the
+ring can work on trip_ms / busiest_ms of them at once, and that (at most MAX_IN_FLIGHT) is how many an answer keeps
+in flight; where that is 1 (one stage takes most of the round: no link to hide), answers go in the plain
+rounds above. A round sent
+while others are in flight carries hedges: a node with chance P of being needed saves, when it is, the round trip
+a round sent after the verdict would wait (trip_ms), and costs what its place adds to the busiest stage
+(position_ms, on the answer's way only when that stage is busy): it is sent where P * trip_ms >= position_ms,
+and such a round carries no more nodes than the last plain round did, so that hedges never make the busiest
+stage slower than plain rounds make it. Both times are measured on rounds that had the ring to themselves (a
+round queued behind others says nothing of its own costs).
 """
 from __future__ import annotations
 
