@@ -45,17 +45,17 @@ for the time it adds to everyone's round, not only to its own conversation's. Wh
 how many the pass already carries (the other conversations' too: a fifth row costs less than a second), so the
 line and the table of pass costs are over the pass's positions, all conversations' together.
 
-Rounds in flight (peers/in_flight.py). A round alone on the ring takes trip_ms (the round trip and every stage's
-compute), of which its busiest stage is busy busiest_ms; rounds sent one after another queue at that stage, so the
-ring can work on trip_ms / busiest_ms of them at once, and that (at most MAX_IN_FLIGHT) is how many an answer keeps
-in flight; where that is 1 (one stage takes most of the round: no link to hide), answers go in the plain
-rounds above. A round sent
-while others are in flight carries hedges: a node with chance P of being needed saves, when it is, the round trip
-a round sent after the verdict would wait (trip_ms), and costs what its place adds to the busiest stage
-(position_ms, on the answer's way only when that stage is busy): it is sent where P * trip_ms >= position_ms,
-and such a round carries no more nodes than the last plain round did, so that hedges never make the busiest
-stage slower than plain rounds make it. Both times are measured on rounds that had the ring to themselves (a
-round queued behind others says nothing of its own costs).
+Rounds in flight (peers/in_flight.py). A round alone on the ring takes trip_ms, link_ms of it on the links, and
+its busiest stage is busy busiest_ms; while it crosses the links that stage can compute link_ms / busiest_ms more
+rounds (beyond that they queue there), so an answer keeps one and that many more in flight (at most
+MAX_IN_FLIGHT); where that rounds to none (a link that costs less than a stage's pass), answers go in the plain
+rounds above. A round sent while others are in flight is a hedge for one place where they may stop: the draft's
+next guess there and the tree under it. Where it is needed (its chance P), it saves the round trip a round sent
+after the verdict would take (trip_ms); it costs what its positions add to the busiest stage (position_ms each,
+in the answer's way only when that stage is busy). So a hedge goes where P * trip_ms >= position_ms, with no
+more nodes than the last plain round had, so that hedges never make a stage slower than plain rounds do. Both
+times are measured on rounds that had the ring to themselves (a round queued behind others says nothing of its
+own costs).
 """
 from __future__ import annotations
 
@@ -102,6 +102,7 @@ class KPolicy:
     max_nodes: int = MAX_NODES  # a tree's nodes at most
     in_flight: int | None = None  # --in-flight N: this conversation's rounds on the ring at most (None: the policy's)
     trip_ms: float = 0.0  # a round's time on the ring with nothing in front of it, smoothed
+    link_ms: float = 0.0  # the part of it on the links
     busiest_ms: float = 0.0  # the busiest stage's compute in such a round, smoothed
 
     @property
@@ -149,20 +150,22 @@ class KPolicy:
         return depth, position_ms / self.trip_ms / self.trust, self.nodes()
 
     def stages(self, timing: dict) -> None:
-        """A round that had the ring to itself: its time there and its busiest stage's compute."""
+        """A round that had the ring to itself: its time there, the link's part of it and its busiest stage's
+        compute."""
         busiest = max([timing["host_ms"]] + [ms for _, ms in timing["peers"]])
-        self.trip_ms = timing["pass_ms"] if not self.trip_ms else 0.7 * self.trip_ms + 0.3 * timing["pass_ms"]
-        self.busiest_ms = busiest if not self.busiest_ms else 0.7 * self.busiest_ms + 0.3 * busiest
+        for name, value in (("trip_ms", timing["pass_ms"]), ("link_ms", timing["network_ms"]),
+                            ("busiest_ms", busiest)):
+            old = getattr(self, name)
+            setattr(self, name, value if not old else 0.7 * old + 0.3 * value)
 
     def rounds_in_flight(self) -> int:
-        """How many of an answer's rounds may be on the ring at once: --in-flight N, else as many as the ring can
-        work on while one goes round: its time on the ring over its busiest stage's (rounds queue at that stage
-        beyond it)."""
+        """How many of an answer's rounds may be on the ring at once: --in-flight N, else one and as many more as
+        the busiest stage can compute while a round crosses the links (beyond that they queue there)."""
         if self.in_flight is not None:
             return self.in_flight
-        if self.trip_ms <= 0 or self.busiest_ms <= 0:
+        if self.busiest_ms <= 0:
             return 1
-        return max(1, min(MAX_IN_FLIGHT, round(self.trip_ms / self.busiest_ms)))
+        return max(1, min(MAX_IN_FLIGHT, 1 + round(self.link_ms / self.busiest_ms)))
 
     def pass_ms(self, positions: int) -> float:
         """What a pass carrying `positions` costs: as measured where passes of that size were seen (on a CPU the

@@ -44,7 +44,10 @@ from .stats import RoundStats
 from .tree import Draft
 from .tree_sampling import ACCEPT, RESIDUAL, reject_children
 
-END_POINTS = 4  # where a round grows hedges at most: the likeliest ends of the rounds in flight
+END_POINTS = 4  # stops of the rounds in flight a round considers hedging: the likeliest
+# a hedge's tree keeps the nodes at least this share as likely as the hedge: caught with nothing under it, a
+# hedge gains one token and moves the next plain round later by that
+HEDGE_TREE = 0.1
 
 
 @dataclass(eq=False)
@@ -171,15 +174,15 @@ class Flight:
             return None
         t0 = time.perf_counter()
         new = unsent + await self._draft(left, plain=not live, room=self.host.round_positions() - len(unsent))
-        import sys; print(f"NEXT live {live} allowed {self.policy.rounds_in_flight()} trip {self.policy.trip_ms:.0f} busiest {self.policy.busiest_ms:.0f} new {len(new)} ends {[(round(c,3), n.pos) for c, n in self._ends(0.0)]}", file=sys.stderr)
         if not new:
             return None
         draft_ms = (time.perf_counter() - t0) * 1e3
         return self._frame(new, draft_ms, hidden=live > 0)
 
     async def _draft(self, left: int, plain: bool, room: int) -> list[Node]:
-        """New draft nodes (at most `room`): under the head in a plain round, else hedges where the rounds in flight
-        may end."""
+        """New draft nodes (at most `room`): a plain round's tree under the head, or a hedge: where a round in
+        flight may stop, the draft's next guess there and the tree under it (a hedge alone, with nothing under
+        it, would only move the next plain round later by a token)."""
         position_ms = min(self.policy.verify_ms, self.policy.busiest_ms / self.plain_nodes) if self.plain_nodes \
             else self.policy.verify_ms
         k, floor, nodes = self.policy.flight_plan(self.drafter.ms_per_token, plain, position_ms)
@@ -188,27 +191,47 @@ class Flight:
             nodes = min(nodes, self.plain_nodes)
         if k <= 0:
             return []
-        ends = self._ends(floor)
-        made: list[tuple[float, Node]] = []
-        for chance, at in ends:
+        options = []  # (the chance it is needed, the stop it covers, its nodes with their chances)
+        for chance, at in self._ends(floor):
             context = self.tokens + self._path(at, self.head)
             # as many nodes as are below it already, and `nodes` more: the draft ranks the ones sent among them
             d = await self.drafter.draft_tree(context, floor / chance if chance else 1.0, k,
                                               nodes + self._below(at), params=self.params)
-            g = self._graft(at, chance, d)
-            import sys; print(f"  DRAFT at {at.pos} ch {chance:.3f} floor {floor:.3f} k {k} -> {len(d.tokens)} toks {[(t, p, round(x,3)) for t, p, x in zip(d.tokens, d.parents, d.sure)][:6]} new {[(round(c,3), n.pos) for c, n in g]}", file=sys.stderr)
-            made += g
-        made.sort(key=lambda cn: -cn[0])  # (stable: a parent as likely as its child stays before it)
-        chosen = [(c, n) for c, n in made[:nodes] if c >= floor]
+            made = self._graft(at, chance, d)
+            guesses = {id(n) for _, n in made if n.parent is at}  # new children of the stop: the hedges
+            mine = [(c, n) for c, n in made if id(self._child_of(n, at)) in guesses]
+            ours = {id(n) for _, n in mine}
+            for _, n in made:  # the rest is under another stop (its own hedge is drafted there): out of the tree
+                if id(n) not in ours and n in n.parent.children:
+                    n.parent.children.remove(n)
+            if mine:
+                options.append((max(c for c, _ in mine), at, mine))
+        options.sort(key=lambda o: -o[0])
+        chosen: list[tuple[float, Node]] = []
+        for i, (_, _, mine) in enumerate(options):
+            if plain or i == 0:  # a plain round: the tree under the head; a hedge round: one stop's
+                chosen += mine
+        chosen.sort(key=lambda cn: -cn[0])  # (stable: a parent as likely as its child stays before it)
+        if not plain and chosen and chosen[0][0] >= floor:  # a hedge worth sending, and the tree under it
+            floor = chosen[0][0] * HEDGE_TREE
+        chosen = [(c, n) for c, n in chosen[:nodes] if c >= floor]
         if plain and self.policy.tree_nodes is None:  # as many as the pass costs of this ring make worth it
             chosen = chosen[:self.policy.select([c for c, _ in chosen], len(self._unsent()))]
         if plain:
             self.plain_nodes = max(len(chosen), 1)
         sent = {id(n) for _, n in chosen}
-        for _, n in made:  # what is not sent is not in the tree
-            if id(n) not in sent and n in n.parent.children:
-                n.parent.children.remove(n)
+        for _, _, mine in options:  # what is not sent is not in the tree
+            for _, n in mine:
+                if id(n) not in sent and n in n.parent.children:
+                    n.parent.children.remove(n)
         return sorted((n for _, n in chosen), key=lambda n: n.pos)
+
+    @staticmethod
+    def _child_of(n: Node, top: Node) -> Node | None:
+        """The child of `top` that n is under (or is), if any."""
+        while n.parent is not None and n.parent is not top:
+            n = n.parent
+        return n if n.parent is top else None
 
     def _ends(self, floor: float) -> list[tuple[float, Node]]:
         """The likeliest places the rounds in flight stop at, where new nodes may go: (the chance of stopping
@@ -385,7 +408,6 @@ class Flight:
                 if c is not child:
                     self._kill(c)
             if child is None:  # the target's own token: the next round carries it
-                import sys; print(f"MISS at pos {h.pos} kids {[(c.token, c.flight is not None and id(c.flight)%1000, round(c.cond,2)) for c in h.children]} target {token} live {[id(g.flight)%1000 if False else (id(g)%1000, len(g.nodes)) for g in self.flying]}", file=sys.stderr)
                 child = Node(token, h, h.pos + 1)
             elif h.children and child is not h.children[0] and child.flight is not h.children[0].flight:
                 child.flight.caught = True  # a hedge sent after the first guess caught this rejection
