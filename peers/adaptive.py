@@ -55,7 +55,9 @@ after the verdict would take (trip_ms); it costs what its positions add to the b
 in the answer's way only when that stage is busy). So a hedge goes where P * trip_ms >= position_ms, with no
 more nodes than the last plain round had, so that hedges never make a stage slower than plain rounds do. Both
 times are measured on rounds that had the ring to themselves (a round queued behind others says nothing of its
-own costs).
+own costs). Whether that pays is measured too: the tokens an answer commits per ms of wall time with rounds in
+flight and one at a time; where flying is slower, answers go one round at a time, and try flying again now and
+then.
 """
 from __future__ import annotations
 
@@ -65,6 +67,8 @@ from .tree import MAX_NODES
 
 EXPLORE_EVERY = 8
 MAX_IN_FLIGHT = 4  # an answer's rounds on the ring at once, at most
+EXPLORE_FLYING = 16  # where rounds in flight measured slower, one stretch of this many rounds in four tries them
+PACE_MS = 1500.0  # wall time each way (weighted) before the two paces are compared
 MIN_K_VARIANCE = 0.25  # below this spread of recent K, a fitted slope would be noise
 
 
@@ -103,6 +107,8 @@ class KPolicy:
     in_flight: int | None = None  # --in-flight N: this conversation's rounds on the ring at most (None: the policy's)
     trip_ms: float = 0.0  # a round's time on the ring with nothing in front of it, smoothed
     link_ms: float = 0.0  # the part of it on the links
+    # (tokens, wall ms) answers made one round at a time (False) and with rounds in flight (True), weighted down
+    paces: dict = field(default_factory=lambda: {False: (0.0, 0.0), True: (0.0, 0.0)})
     busiest_ms: float = 0.0  # the busiest stage's compute in such a round, smoothed
 
     @property
@@ -165,7 +171,19 @@ class KPolicy:
             return self.in_flight
         if self.busiest_ms <= 0:
             return 1
-        return max(1, min(MAX_IN_FLIGHT, 1 + round(self.link_ms / self.busiest_ms)))
+        n = max(1, min(MAX_IN_FLIGHT, 1 + round(self.link_ms / self.busiest_ms)))
+        if n > 1 and self._flying_is_slower() and (self.rounds // EXPLORE_FLYING) % 4:
+            return 1  # measured: this answer makes tokens faster one round at a time (tried again now and then)
+        return n
+
+    def pace(self, flying: bool, tokens: int, ms: float) -> None:
+        """Tokens an answer committed in `ms` of its wall time, with rounds in flight or one at a time."""
+        made, spent = self.paces[flying]
+        self.paces[flying] = (self.keep * made + tokens, self.keep * spent + ms)
+
+    def _flying_is_slower(self) -> bool:
+        (one_made, one_ms), (fly_made, fly_ms) = self.paces[False], self.paces[True]
+        return min(one_ms, fly_ms) >= PACE_MS and fly_made / fly_ms < one_made / one_ms
 
     def pass_ms(self, positions: int) -> float:
         """What a pass carrying `positions` costs: as measured where passes of that size were seen (on a CPU the

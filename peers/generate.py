@@ -192,6 +192,7 @@ class Speculation:
                        depth=max(depths(draft.parents), default=0), batch=timing.get("batch", 1))
         if r.batch == 1 and pending <= 2:  # a round alone on the ring: what rounds in flight are sized by
             self.policy.stages(timing)
+        self.policy.pace(False, len(new), r.round_ms)
         # a pass that carried B conversations' rounds: the policy weighs a draft against what the whole pass
         # makes per ms, and what a position costs by all the positions it carried (peers/adaptive.py)
         own = pending + len(drafts)

@@ -82,6 +82,7 @@ class Flying:
     error: RingError | None = None
     cancelled: bool = False
     caught: bool = False
+    flying: bool = False  # it went with more than one round allowed in flight
 
 
 class Flight:
@@ -288,7 +289,7 @@ class Flight:
         keep = [n.col for n in kept]
         r = Round(self.rs, [n.token for n in new], [], parents, trio.Event(), committed=self.base, keep=keep)
         f = Flying(new, r, 1 + sum(not g.cancelled for g in self.flying), [n for n in new if not n.committed],
-                   draft_ms, hidden)
+                   draft_ms, hidden, flying=self.policy.rounds_in_flight() > 1)
         for j, n in enumerate(order):
             n.col = self.base + j
         for n in new:
@@ -390,6 +391,7 @@ class Flight:
                        depth=depth, batch=timing.get("batch", 1), in_flight=f.in_flight,
                        cancelled=f.cancelled or logits is None, caught=f.caught)
         self.last_landing = now
+        self.policy.pace(f.flying, len(new), r.round_ms)
         if logits is not None and f.in_flight == 1:  # (a round queued behind others says little of pass costs)
             self.policy.stages(timing)
             self.policy.update(len(f.drafts), accepted, timing["pass_ms"] + verify_ms, len(f.nodes),

@@ -59,3 +59,17 @@ def test_a_member_killed_with_rounds_in_flight_changes_nothing(tiny_llama):
     r, events, ring = trio.run(main)
     assert ring == ["local-a"] and any(e.get("event") == "recovering" for e in events)
     assert r.token_ids == want
+
+
+def test_the_policy_keeps_rounds_in_flight_where_the_link_leaves_the_stages_idle():
+    timing = {"pass_ms": 380.0, "network_ms": 180.0, "host_ms": 100.0, "peers": [["a", 60.0]]}
+    slow, fast, pinned = KPolicy(), KPolicy(), KPolicy(in_flight=2)
+    slow.stages(timing)
+    fast.stages({**timing, "pass_ms": 170.0, "network_ms": 10.0})
+    pinned.stages({**timing, "pass_ms": 170.0, "network_ms": 10.0})
+    assert (slow.rounds_in_flight(), fast.rounds_in_flight(), pinned.rounds_in_flight()) == (3, 1, 2)
+    # measured slower in flight than one at a time: one at a time, but for one stretch of rounds in four
+    slow.pace(False, 60, 4000.0)
+    slow.pace(True, 40, 4000.0)
+    tried = [slow.rounds_in_flight() for slow.rounds in range(64)]
+    assert tried.count(3) == 16 and tried.count(1) == 48
