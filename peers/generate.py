@@ -112,8 +112,9 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
             break
         epoch = host.epoch  # the plan this round starts under: a failure is recovered from once per plan
         try:
-            if plain and policy.rounds >= WARM_ROUNDS and _can_fly(host, drafter, policy):  # (after plain rounds:
-                # the first brings the prompt's logits, and a few tell the policy what a pass costs)
+            # rounds in flight after plain rounds: the first brings the prompt's logits, and a few more tell the
+            # policy what a pass costs
+            if plain and policy.rounds >= WARM_ROUNDS and host.committed(rs) and _can_fly(host, drafter, policy):
                 at_eos = await Flight(host, rs, drafter, params, policy, eos, tokens).run(
                     max_new_tokens - (len(tokens) - start), report, should_stop)
                 finish = "eos" if at_eos else "stopped" if should_stop is not None and should_stop() else "length"

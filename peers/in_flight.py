@@ -82,7 +82,7 @@ class Flying:
     error: RingError | None = None
     cancelled: bool = False
     caught: bool = False
-    flying: bool = False  # it went with more than one round allowed in flight
+    ahead: bool = False  # it went while more than one round was allowed in flight
 
 
 class Flight:
@@ -289,7 +289,7 @@ class Flight:
         keep = [n.col for n in kept]
         r = Round(self.rs, [n.token for n in new], [], parents, trio.Event(), committed=self.base, keep=keep)
         f = Flying(new, r, 1 + sum(not g.cancelled for g in self.flying), [n for n in new if not n.committed],
-                   draft_ms, hidden, flying=self.policy.rounds_in_flight() > 1)
+                   draft_ms, hidden, ahead=self.policy.rounds_in_flight() > 1)
         for j, n in enumerate(order):
             n.col = self.base + j
         for n in new:
@@ -383,15 +383,17 @@ class Flight:
         # every node of it is decided by now: its parent's round is this one or an earlier one
         accepted = sum(n.committed for n in f.drafts)
         depth = max(n.pos for n in f.drafts) - min(n.pos for n in f.drafts) + 1 if f.drafts else 0
-        r = RoundStats(k=len(f.drafts), drafted=len(f.drafts), accepted=accepted, committed=len(new), draft_ms=0.0 if f.hidden else round(f.draft_ms, 3),
+        r = RoundStats(k=len(f.drafts), drafted=len(f.drafts), accepted=accepted, committed=len(new),
+                       draft_ms=0.0 if f.hidden else round(f.draft_ms, 3),
                        hidden_draft_ms=round(f.draft_ms, 3) if f.hidden else 0.0,
-                       network_ms=round(timing.get("network_ms", 0.0), 3), host_ms=round(timing.get("host_ms", 0.0), 3),
-                       peers=timing.get("peers", []), verify_ms=round(verify_ms, 3),
+                       network_ms=round(timing.get("network_ms", 0.0), 3),
+                       host_ms=round(timing.get("host_ms", 0.0), 3), peers=timing.get("peers", []),
+                       verify_ms=round(verify_ms, 3),
                        round_ms=round((now - self.last_landing) * 1e3, 3), tree=True,
                        depth=depth, batch=timing.get("batch", 1), in_flight=f.in_flight,
                        cancelled=f.cancelled or logits is None, caught=f.caught)
         self.last_landing = now
-        self.policy.pace(f.flying, len(new), r.round_ms)
+        self.policy.pace(f.ahead, len(new), r.round_ms)
         if logits is not None and f.in_flight == 1:  # (a round queued behind others says little of pass costs)
             self.policy.stages(timing)
             self.policy.update(len(f.drafts), accepted, timing["pass_ms"] + verify_ms, len(f.nodes),
