@@ -55,9 +55,9 @@ after the verdict would take (trip_ms); it costs what its positions add to the b
 in the answer's way only when that stage is busy). So a hedge goes where P * trip_ms >= position_ms, with no
 more nodes than the last plain round had, so that hedges never make a stage slower than plain rounds do. Both
 times are measured on rounds that had the ring to themselves (a round queued behind others says nothing of its
-own costs). Whether that pays is measured too: the tokens an answer commits per ms of wall time with rounds in
-flight and one at a time; where flying is slower, answers go one round at a time, and try flying again now and
-then.
+own costs). Whether that pays is measured too, as the tokens an answer commits per ms of wall time with rounds
+in flight and one at a time: rounds go in flight where that is measured faster, and for one stretch of rounds in
+four (the measurement) elsewhere.
 """
 from __future__ import annotations
 
@@ -67,8 +67,9 @@ from .tree import MAX_NODES
 
 EXPLORE_EVERY = 8
 MAX_IN_FLIGHT = 4  # an answer's rounds on the ring at once, at most
-EXPLORE_FLYING = 16  # where rounds in flight measured slower, one stretch of this many rounds in four tries them
-PACE_MS = 1500.0  # wall time each way (weighted) before the two paces are compared
+EXPLORE_FLYING = 16  # one stretch of this many rounds in four tries rounds in flight where they are not (yet)
+# measured faster
+PACE_MS = 1000.0  # wall time each way (weighted) before the two paces are compared
 MIN_K_VARIANCE = 0.25  # below this spread of recent K, a fitted slope would be noise
 
 
@@ -172,18 +173,17 @@ class KPolicy:
         if self.busiest_ms <= 0:
             return 1
         n = max(1, min(MAX_IN_FLIGHT, 1 + round(self.link_ms / self.busiest_ms)))
-        if n > 1 and self._flying_is_slower() and (self.rounds // EXPLORE_FLYING) % 4:
-            return 1  # measured: this answer makes tokens faster one round at a time (tried again now and then)
-        return n
+        trying = (self.rounds // EXPLORE_FLYING) % 4 == 3  # one stretch of rounds in four measures flying
+        return n if n > 1 and (trying or self._flying_is_faster()) else 1
 
     def pace(self, flying: bool, tokens: int, ms: float) -> None:
         """Tokens an answer committed in `ms` of its wall time, with rounds in flight or one at a time."""
         made, spent = self.paces[flying]
         self.paces[flying] = (self.keep * made + tokens, self.keep * spent + ms)
 
-    def _flying_is_slower(self) -> bool:
+    def _flying_is_faster(self) -> bool:
         (one_made, one_ms), (fly_made, fly_ms) = self.paces[False], self.paces[True]
-        return min(one_ms, fly_ms) >= PACE_MS and fly_made / fly_ms < one_made / one_ms
+        return min(one_ms, fly_ms) >= PACE_MS and fly_made / fly_ms > one_made / one_ms
 
     def pass_ms(self, positions: int) -> float:
         """What a pass carrying `positions` costs: as measured where passes of that size were seen (on a CPU the

@@ -44,7 +44,7 @@ from .stats import RoundStats
 from .tree import Draft
 from .tree_sampling import ACCEPT, RESIDUAL, reject_children
 
-END_POINTS = 4  # stops of the rounds in flight a round considers hedging: the likeliest
+END_POINTS = 2  # stops of the rounds in flight a round considers hedging: the likeliest (each is drafted)
 # a hedge's tree keeps the nodes at least this share as likely as the hedge: caught with nothing under it, a
 # hedge gains one token and moves the next plain round later by that
 HEDGE_TREE = 0.1
