@@ -144,7 +144,7 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
 
 def _can_fly(host: Host, drafter: Drafter, policy: KPolicy) -> bool:
     """Whether an answer keeps several rounds in flight (peers/in_flight.py): over a ring of members, with a drafter
-    of trees, unless --in-flight 1 or --no-trees says otherwise."""
+    of trees (not with --no-trees), where the policy (--in-flight, or what it measured) keeps more than one."""
     return bool(host.ring) and policy.rounds_in_flight() > 1 and policy.trees and drafter.name != "none" \
         and hasattr(drafter, "propose_tree")
 
