@@ -78,3 +78,29 @@ def test_the_policy_keeps_rounds_in_flight_where_the_link_leaves_the_stages_idle
     assert [slow.rounds_in_flight() for slow.rounds in range(64)] == tried
     slow.pace(True, 80, 0.0)
     assert {slow.rounds_in_flight() for slow.rounds in range(64)} == {3}
+
+
+def test_conversations_sharing_passes_keep_rounds_in_flight_each_exactly(tiny_llama):
+    prompts = ["hello world", "one two three four", "good morning to you"]
+    wants = {p: reference_ids(tiny_llama, p, NEW) for p in prompts}
+
+    async def main():
+        async with running_ring(tiny_llama, 2) as (host, _):
+            out = {}
+
+            async def one(prompt):
+                chat = new_chat(host)
+                drafter = SimulatedDrafter(0.6, host.config.vocab_size, [prompt_ids(chat, prompt) + wants[prompt]],
+                                           seed=5, second=0.6)
+                _, out[prompt] = await chat.reply(prompt, drafter=drafter, params=SamplingParams(),
+                                                  policy=KPolicy(in_flight=3, tree_nodes=3), max_new_tokens=NEW)
+            async with trio.open_nursery() as nursery:
+                for p in prompts:
+                    nursery.start_soon(one, p)
+            return out
+
+    out = trio.run(main)
+    for p in prompts:
+        assert out[p].token_ids == wants[p], p
+    rounds = [x for r in out.values() for x in r.rounds]
+    assert max(x["in_flight"] for x in rounds) == 3 and max(x["batch"] for x in rounds) > 1
