@@ -44,6 +44,20 @@ whole pass, and a draft what its share of the drafting run costs (peers/drafting
 for the time it adds to everyone's round, not only to its own conversation's. What a position adds depends on
 how many the pass already carries (the other conversations' too: a fifth row costs less than a second), so the
 line and the table of pass costs are over the pass's positions, all conversations' together.
+
+Rounds in flight (peers/in_flight.py). A round alone on the ring takes trip_ms, link_ms of it on the links, and
+its busiest stage is busy busiest_ms; while it crosses the links that stage can compute link_ms / busiest_ms more
+rounds (beyond that they queue there), so an answer keeps one and that many more in flight (at most
+MAX_IN_FLIGHT); where that rounds to none (a link that costs less than a stage's pass), answers go in the plain
+rounds above. A round sent while others are in flight is a hedge for one place where they may stop: the draft's
+next guess there and the tree under it. Where it is needed (its chance P), it saves the round trip a round sent
+after the verdict would take (trip_ms); it costs what its positions add to the busiest stage (position_ms each,
+in the answer's way only when that stage is busy). So a hedge goes where P * trip_ms >= position_ms, with no
+more nodes than the last plain round had, so that hedges never make a stage slower than plain rounds do. Both
+times are measured on rounds that had the ring to themselves (a round queued behind others says nothing of its
+own costs). Whether that pays is measured too, as the tokens an answer commits per ms of wall time with rounds
+in flight and one at a time: rounds go in flight where that is measured faster, and for one stretch of rounds in
+four (the measurement) elsewhere.
 """
 from __future__ import annotations
 
@@ -52,6 +66,10 @@ from dataclasses import dataclass, field
 from .tree import MAX_NODES
 
 EXPLORE_EVERY = 8
+MAX_IN_FLIGHT = 4  # an answer's rounds on the ring at once, at most
+EXPLORE_FLYING = 16  # one stretch of this many rounds in four tries rounds in flight where they are not (yet)
+# measured faster
+PACE_MS = 1000.0  # wall time each way (weighted) before the two paces are compared
 MIN_K_VARIANCE = 0.25  # below this spread of recent K, a fitted slope would be noise
 
 
@@ -88,6 +106,11 @@ class KPolicy:
     tree_nodes: int | None = None  # --tree-nodes N: N drafted positions a round (a tree's nodes, or a chain's)
     max_nodes: int = MAX_NODES  # a tree's nodes at most
     in_flight: int | None = None  # --in-flight N: this conversation's rounds on the ring at most (None: the policy's)
+    trip_ms: float = 0.0  # a round's time on the ring with nothing in front of it, smoothed
+    link_ms: float = 0.0  # the part of it on the links
+    # (tokens, wall ms) answers made one round at a time (False) and with rounds in flight (True), weighted down
+    paces: dict = field(default_factory=lambda: {False: (0.0, 0.0), True: (0.0, 0.0)})
+    busiest_ms: float = 0.0  # the busiest stage's compute in such a round, smoothed
 
     @property
     def alpha(self) -> float:
@@ -117,6 +140,50 @@ class KPolicy:
         if not confident or self.pinned is not None or self.spent <= 0:
             return self.choose(draft_ms), 0.0
         return self.k_max, self.made / self.spent * (self.verify_ms + draft_ms) / self.trust
+
+    def flight_plan(self, draft_ms: float, plain: bool, position_ms: float = 0.0) -> tuple[int, float, int]:
+        """(rounds in flight, peers/in_flight.py) A round's tree: (depth, floor, nodes). A plain round (nothing in
+        flight) is on the answer's critical path: a node pays its drafting and its place in the pass, as plan()
+        has it. A hedge node is worth what it saves: where it is needed (its chance P), the answer goes on without
+        waiting a round trip (trip_ms) for a round sent after the verdict; it costs what its place adds to the
+        busiest stage (position_ms), where rounds queue. So it goes where P * trip_ms >= position_ms."""
+        if self.tree_nodes is not None:
+            return self.tree_nodes, 0.0, self.tree_nodes
+        depth = self.pinned or self.k_max
+        if self.spent <= 0:
+            return min(depth, 4), 0.1, self.nodes()
+        if plain or self.trip_ms <= 0:
+            return depth, self.made / self.spent * (self.verify_ms + draft_ms) / self.trust, self.nodes()
+        return depth, position_ms / self.trip_ms / self.trust, self.nodes()
+
+    def stages(self, timing: dict) -> None:
+        """A round that had the ring to itself: its time there, the link's part of it and its busiest stage's
+        compute."""
+        busiest = max([timing["host_ms"]] + [ms for _, ms in timing["peers"]])
+        for name, value in (("trip_ms", timing["pass_ms"]), ("link_ms", timing["network_ms"]),
+                            ("busiest_ms", busiest)):
+            old = getattr(self, name)
+            setattr(self, name, value if not old else 0.7 * old + 0.3 * value)
+
+    def rounds_in_flight(self) -> int:
+        """How many of an answer's rounds may be on the ring at once: --in-flight N, else one and as many more as
+        the busiest stage can compute while a round crosses the links (beyond that they queue there)."""
+        if self.in_flight is not None:
+            return self.in_flight
+        if self.busiest_ms <= 0:
+            return 1
+        n = max(1, min(MAX_IN_FLIGHT, 1 + round(self.link_ms / self.busiest_ms)))
+        trying = (self.rounds // EXPLORE_FLYING) % 4 == 3  # one stretch of rounds in four measures flying
+        return n if n > 1 and (trying or self._flying_is_faster()) else 1
+
+    def pace(self, flying: bool, tokens: int, ms: float) -> None:
+        """Tokens an answer committed in `ms` of its wall time, with rounds in flight or one at a time."""
+        made, spent = self.paces[flying]
+        self.paces[flying] = (self.keep * made + tokens, self.keep * spent + ms)
+
+    def _flying_is_faster(self) -> bool:
+        (one_made, one_ms), (fly_made, fly_ms) = self.paces[False], self.paces[True]
+        return min(one_ms, fly_ms) >= PACE_MS and fly_made / fly_ms > one_made / one_ms
 
     def pass_ms(self, positions: int) -> float:
         """What a pass carrying `positions` costs: as measured where passes of that size were seen (on a CPU the

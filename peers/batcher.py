@@ -35,6 +35,12 @@ class Round:
     result: tuple | None = None
     error: BaseException | None = None
     queued: float = field(default_factory=time.monotonic)
+    # a round in flight (peers/in_flight.py) names its frame itself: the positions every stage keeps (`committed`
+    # and the columns `keep`), its rows `tokens`, and `parents` over kept and new positions alike; None: the
+    # host works them out from the conversation (tokens the ring lacks, then the drafts)
+    committed: int | None = None
+    keep: list[int] | None = None
+    seq: int | None = None  # the frame that carried it, once sent (what a cancel names)
 
 
 class Batcher:

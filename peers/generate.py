@@ -23,12 +23,14 @@ from .adaptive import KPolicy
 from .drafting import Drafter
 from .errors import MemberLeft
 from .host import Host, RingError, RingSession
+from .in_flight import Flight
 from .sampling import SamplingParams, verify_sampling
 from .stats import RoundStats, RunningStats
 from .tree import Draft, chain, depths, on_chain, verify_greedy
 from .tree_sampling import verify_tree
 
 log = logging.getLogger("sfchat.generate")
+WARM_ROUNDS = 3  # plain rounds a policy measures before rounds go in flight
 
 
 @dataclass
@@ -96,15 +98,31 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
         params.seed = random.randrange(2**31)
     speculation = Speculation(host, rs, drafter, params, policy, eos, overlap)
     stats, rounds, start = RunningStats(), [], len(tokens)
-    finish, retries = "length", 0
+    finish, retries, plain = "length", 0, False
+
+    def report(r: RoundStats, new: list[int]) -> None:
+        stats.add(r)
+        rounds.append(r.to_dict())
+        if on_round is not None:
+            on_round({"event": "round", "round": r.to_dict(), "new": new, "stats": stats.summary()})
+
     while len(tokens) - start < max_new_tokens:
         if should_stop is not None and should_stop():
             finish = "stopped"
             break
         epoch = host.epoch  # the plan this round starts under: a failure is recovered from once per plan
         try:
+            # rounds in flight after plain rounds: the first brings the prompt's logits, and a few more tell the
+            # policy what a pass costs
+            if plain and policy.rounds >= WARM_ROUNDS and host.committed(rs) and _can_fly(host, drafter, policy):
+                at_eos = await Flight(host, rs, drafter, params, policy, eos, tokens).run(
+                    max_new_tokens - (len(tokens) - start), report, should_stop)
+                finish = "eos" if at_eos else "stopped" if should_stop is not None and should_stop() else "length"
+                break
             r, new, at_eos = await speculation.round(tokens, max_new_tokens - (len(tokens) - start))
+            plain = True
         except RingError as failure:
+            plain = False
             retries += 1
             if retries > max_retries:
                 raise
@@ -117,14 +135,18 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
             await host.recover(epoch)
             continue
         retries = 0
-        stats.add(r)
-        rounds.append(r.to_dict())
-        if on_round is not None:
-            on_round({"event": "round", "round": r.to_dict(), "new": new, "stats": stats.summary()})
+        report(r, new)
         if at_eos:
             finish = "eos"
             break
     return Result(tokens[start:], finish, stats, rounds)
+
+
+def _can_fly(host: Host, drafter: Drafter, policy: KPolicy) -> bool:
+    """Whether an answer keeps several rounds in flight (peers/in_flight.py): over a ring of members, with a drafter
+    of trees, unless --in-flight 1 or --no-trees says otherwise."""
+    return bool(host.ring) and policy.rounds_in_flight() > 1 and policy.trees and drafter.name != "none" \
+        and hasattr(drafter, "propose_tree")
 
 
 @dataclass
@@ -169,6 +191,9 @@ class Speculation:
                        peers=timing["peers"], verify_ms=round(verify_ms, 3),
                        round_ms=round((time.perf_counter() - t_round) * 1e3, 3), tree=as_tree,
                        depth=max(depths(draft.parents), default=0), batch=timing.get("batch", 1))
+        if r.batch == 1 and pending <= 2:  # a round alone on the ring: what rounds in flight are sized by
+            self.policy.stages(timing)
+        self.policy.pace(False, len(new), r.round_ms)
         # a pass that carried B conversations' rounds: the policy weighs a draft against what the whole pass
         # makes per ms, and what a position costs by all the positions it carried (peers/adaptive.py)
         own = pending + len(drafts)

@@ -36,6 +36,7 @@ from .tls import Endpoint as TLSEndpoint
 from .turns import SHARED_CHUNK, Turns
 
 log = logging.getLogger("sfchat.host")
+CANCELLED = object()  # (a pass's `failed`) a segment the members skipped because the host cancelled it
 
 
 @dataclass
@@ -48,6 +49,8 @@ class Part:
     parents: list[int] | None
     n_logits: int
     sent: trio.Event | None
+    keep: list[int] | None = None  # columns in flight it builds on (a round in flight: peers/in_flight.py)
+    round: Round | None = None
 
 __all__ = ["Host", "Member", "RingError", "RingSession"]
 
@@ -84,7 +87,9 @@ class Host:
         self.turns = Turns()  # a long pass takes turns with other conversations' passes
         self.auto_replan = False  # `sfchat host`: re-plan as members join
         # conversations' rounds go round together, as many in a pass as every member's arena has rows for
-        self.batcher = Batcher(self._run_batch, limit=min(MAX_BATCH, self.conversations), in_flight=self.devices)
+        self.batcher = Batcher(self._run_batch, limit=min(MAX_BATCH, self.conversations),
+                               in_flight=lambda: self.devices() + self.rounds_ahead)
+        self.rounds_ahead = 0  # rounds conversations keep in flight beyond one each (peers/in_flight.py)
         # the conversations, while they live (by id: a RingSession, a dataclass, is not hashable)
         self.sessions: weakref.WeakValueDictionary[int, RingSession] = weakref.WeakValueDictionary()
 
@@ -215,6 +220,21 @@ class Host:
             self._check(s)
             return await self._long(s, tokens, drafts, sent, parents)
 
+    async def fly(self, r: Round) -> tuple[torch.Tensor, dict]:
+        """A round in flight (peers/in_flight.py), its frame named by itself: (logits at each of its rows, timing
+        with the target's argmax `best` and final features `feats` there). RingError if the ring fails it, or if
+        the positions it builds on went with a re-plan."""
+        return await self.batcher.submit(r)
+
+    async def cancel(self, rounds: list[tuple[str, int]]) -> None:
+        """Tell the ring that these (conversation, frame) segments are dead: a member that has not started one
+        skips it (peers/passes.py)."""
+        if rounds and self.ring and self.first_hop is not None:
+            try:
+                await self.first_hop.send({"t": "cancel", "epoch": self.epoch, "segments": [list(r) for r in rounds]})
+            except (ChannelClosed, OSError):
+                pass  # the passes themselves will fail and say why
+
     def _check(self, s: RingSession) -> None:
         if why := self.planner.problem():  # never an answer from part of the model
             s.lost()
@@ -225,7 +245,11 @@ class Host:
     def _one_frame(self, s: RingSession, tokens: list[int], drafts: list[int]) -> bool:
         """A round (not a prompt or a replay, which go in chunks): it can go round with others' rounds."""
         n = len(tokens) - self.committed(s) + len(drafts)
-        return 0 < n <= min(SHARED_CHUNK, self._frame_positions())
+        return 0 < n <= self.round_positions()
+
+    def round_positions(self) -> int:
+        """The positions of one conversation's round at most."""
+        return min(SHARED_CHUNK, self._frame_positions())
 
     def _frame_positions(self) -> int:
         return chunk_positions(self.config.hidden_size, DTYPES[self.planner.target.dtype].itemsize, wire.MAX_FRAME)
@@ -238,7 +262,13 @@ class Host:
             for r in rounds:
                 try:
                     self._check(r.s)
-                    if self._one_frame(r.s, r.tokens, r.drafts):
+                    if r.committed is not None:  # a round in flight: its frame is what it says, or nothing
+                        if len(r.tokens) > self.round_positions():
+                            raise RingError(f"a round in flight of {len(r.tokens)} positions is past a frame")
+                        if not r.s.fresh(self.epoch) or r.s.cache.length < r.committed:
+                            raise RingError("the positions a round in flight builds on went with a re-plan")
+                        ready.append(r)
+                    elif self._one_frame(r.s, r.tokens, r.drafts):
                         ready.append(r)
                     else:  # a replay after a re-plan: in chunks
                         r.result = await self._long(r.s, r.tokens, r.drafts, r.sent, r.parents)
@@ -254,26 +284,33 @@ class Host:
                 ready = ready[n:]
 
     def _positions(self, r: Round) -> int:
+        if r.committed is not None:
+            return len(r.tokens)
         return len(r.tokens) - self.committed(r.s) + len(r.drafts)
 
-    def _part(self, s: RingSession, committed: int, ids: list[int], parents, n_logits: int, sent) -> Part:
+    def _part(self, s: RingSession, committed: int, ids: list[int], parents, n_logits: int, sent,
+              keep: list[int] | None = None, r: Round | None = None) -> Part:
         """One conversation's positions in a pass, its room checked first (a conversation past it fails alone)."""
         if committed == 0:
             s.restart(self.epoch, self.shard.new_session())
-        if not self.shard.fits(committed, len(ids)):
+        if not self.shard.fits(committed + len(keep or []), len(ids)):
             s.lost()
             raise RingError(f"the conversation has outgrown its room: {committed + len(ids):,} positions, and the "
                             f"ring keeps {self.max_context:,} per conversation (--max-context)")
-        return Part(s, committed, ids, parents, n_logits, sent)
+        return Part(s, committed, ids, parents, n_logits, sent, keep, r)
 
     async def _rounds(self, rounds: list[Round]) -> None:
         """Conversations' rounds as one pass, their logits from one run of the head."""
         t0 = time.perf_counter()
         parts, kept = [], []
         for r in rounds:
-            c = self.committed(r.s)
             try:
-                parts.append(self._part(r.s, c, r.tokens[c:] + r.drafts, r.parents, len(r.drafts) + 1, r.sent))
+                if r.committed is not None:  # a round in flight: logits at every row
+                    parts.append(self._part(r.s, r.committed, r.tokens, r.parents, len(r.tokens), r.sent, r.keep, r))
+                else:
+                    c = self.committed(r.s)
+                    parts.append(self._part(r.s, c, r.tokens[c:] + r.drafts, r.parents, len(r.drafts) + 1, r.sent,
+                                            r=r))
                 kept.append(r)
             except RingError as e:
                 r.error = e
@@ -288,19 +325,25 @@ class Host:
             return
         t1 = time.perf_counter()
         done = [(r, p, h) for r, p, h in zip(kept, parts, hs) if h is not None]
-        outs = await self.stage.head([(h[0], p.n_logits) for _, p, h in done])
+        outs = await self.stage.head([(h[0], p.n_logits) for _, p, h in done]) if done else []
         head_ms, total_ms = (time.perf_counter() - t1) * 1e3, (time.perf_counter() - t0) * 1e3
         peers_ms = sum(ms for _, ms in trace)
         timing = {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms, "batch": len(parts),
                   "positions": sum(len(p.ids) for p in parts),
                   "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
         for (r, p, _), (feats, logits, best) in zip(done, outs):
+            if r.committed is not None:  # its conversation's state is the round's own (peers/in_flight.py)
+                r.result = (logits, {**timing, "best": best, "feats": feats})
+                self.turns.went(r.s.sid)
+                continue
             r.s.passed(p.committed, len(p.ids))
             r.s.features, r.s.best = (p.committed, p.ids, feats), best
             r.result = (logits, timing)
             self.turns.went(r.s.sid)
         for r in kept:
-            if r.result is None:
+            if r.result is None and failed.get(r.s.sid) is CANCELLED:  # a member skipped it, as the host asked
+                r.result = (None, timing)
+            elif r.result is None:
                 r.s.lost()
                 r.error = RingError(str(failed.get(r.s.sid) or "a member left this conversation out of the pass"))
 
@@ -360,26 +403,31 @@ class Host:
         states [1, T, H] (None where a member left it out; the last in `place`, if given and they fit it), the
         host's milliseconds, each member's, and why any was left out."""
         t0 = time.perf_counter()
-        passes = [(p.s.cache, p.committed, torch.tensor([p.ids], dtype=torch.long), p.parents) for p in parts]
+        passes = [(p.s.cache, p.committed, torch.tensor([p.ids], dtype=torch.long), p.parents, p.keep) for p in parts]
         try:
             hs, (header, raw) = await self.stage.first(passes, bool(self.ring))
-        except RoomError as e:
+        except ValueError as e:  # (RoomError is one) a frame the host's own stage cannot take: replayed
             raise RingError(str(e)) from None
         host_ms = (time.perf_counter() - t0) * 1e3
         if not self.ring:
             return hs, host_ms, [], {}
         segments = [{"sid": p.s.sid, "committed": p.committed, "n": len(p.ids), "n_logits": p.n_logits,
-                     **({"parents": p.parents} if p.parents is not None else {})} for p in parts]
+                     **({"parents": p.parents} if p.parents is not None else {}),
+                     **({"keep": p.keep} if p.keep is not None else {})} for p in parts]
         frame = {"t": "fwd", "epoch": self.epoch, "sid": "", "committed": 0, "n_logits": 1, "batch": segments,
-                 "x": header, "raw": raw, "trace": []}
+                 "x": header, "raw": raw, "trace": [], "seq": next(self.returns.seq)}
+        for p in parts:
+            if p.round is not None:
+                p.round.seq = frame["seq"]
         reply = await self.returns.round_trip(frame, sum(len(p.ids) for p in parts), [p.sent for p in parts], place)
         try:
             h = validate.forward_frame(reply, self.config.hidden_size)
             back = validate.segments(reply, h.shape[1])
         except wire.WireError as e:
             raise RingError(f"the last member returned a bad frame: {e}") from None
-        at = {seg["sid"]: h[:, a:b] for seg, (a, b) in zip(back, validate.bounds(back))}
-        return [at.get(p.s.sid) for p in parts], host_ms, reply["trace"], dict(reply.get("failed") or {})
+        at = {seg["sid"]: h[:, a:b] for seg, (a, b) in zip(back, validate.bounds(back)) if not seg.get("skip")}
+        failed = dict(reply.get("failed") or {}) | {seg["sid"]: CANCELLED for seg in back if seg.get("skip")}
+        return [at.get(p.s.sid) for p in parts], host_ms, reply["trace"], failed
 
     def _pass_buffer(self, n: int) -> torch.Tensor:
         """The hidden states [1, n, hidden] of a pass that goes round in chunks: on the host's device when it is

@@ -111,6 +111,20 @@ class Writer:
         return keys[self.rows], values[self.rows]
 
 
+def check_keep(keep, committed: int, length: int) -> None:
+    """A pass's kept columns (peers/shard.py forward), or ValueError in one line: None, or ascending distinct
+    columns in [committed, length), the positions of a pass still in flight."""
+    if keep is None:
+        return
+    if not isinstance(keep, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in keep):
+        raise ValueError("keep must list cache columns")
+    if any(b <= a for a, b in zip(keep, keep[1:])):
+        raise ValueError(f"keep must list distinct cache columns in ascending order, not {keep[:8]}")
+    if keep and not (committed <= keep[0] and keep[-1] < length):
+        raise ValueError(f"keep names columns {keep[0]}..{keep[-1]} but this peer holds uncommitted columns "
+                         f"{committed}..{length - 1} only")
+
+
 def meta(committed: int, n_tokens: int, parents: list[int] | None, size: int) -> torch.Tensor:
     """(host) A pass of n_tokens as one small tensor, padded to `size` rows: [committed, positions (size),
     which pass columns each row sees (size x size)]. A padding row sits at the last real position (the highest
@@ -127,17 +141,20 @@ def unpack(m: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 def visible(committed: torch.Tensor, pos: torch.Tensor, sees: torch.Tensor, lo: int, hi: int,
-            window: int | None) -> torch.Tensor:
+            window: int | None, span_pos: torch.Tensor | None = None) -> torch.Tensor:
     """(device) Boolean mask [B, 1, T, hi - lo] over cache columns lo..hi-1 (True: may attend). The committed
     prefix is seen by every row, the pass's own columns as `sees` says, nothing after; a sliding window also
-    hides a column whose position is `window` or more before the row's."""
+    hides a column whose position is `window` or more before the row's. sees [B, T, W]: the pass's W columns
+    from `committed` on, the rows' own the last T of them (W > T: positions kept from a pass still in flight,
+    peers/shard.py), at positions span_pos [B, W] (None: W = T and they are the rows' own, `pos`)."""
     col = torch.arange(lo, hi, device=pos.device)
-    b, t = pos.shape
-    j = col[None, :] - committed[:, None]  # [B, C]: the column's row in this pass; negative: the committed prefix
-    jc = j.clamp(0, t - 1)
+    b, t, w = sees.shape
+    span_pos = pos if span_pos is None else span_pos
+    j = col[None, :] - committed[:, None]  # [B, C]: the column's place in this pass; negative: the committed prefix
+    jc = j.clamp(0, w - 1)
     allowed = torch.gather(sees, 2, jc[:, None, :].expand(b, t, -1))
-    allowed = (allowed & (j < t)[:, None, :]) | (j < 0)[:, None, :]
+    allowed = (allowed & (j < w)[:, None, :]) | (j < 0)[:, None, :]
     if window is not None:
-        kv_pos = torch.where(j < 0, col[None, :], torch.gather(pos, 1, jc))
+        kv_pos = torch.where(j < 0, col[None, :], torch.gather(span_pos, 1, jc))
         allowed &= (pos[:, :, None] - kv_pos[:, None, :]) < window
     return allowed[:, None]

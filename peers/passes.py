@@ -2,6 +2,10 @@
 the next hop. Each conversation's cache here (a row of the shard's KV arena) lives in `sessions`; a frame names the
 positions every stage keeps (`committed`), the rollback rule. The control plane (peers/peer.py) loads the span and
 points `next` at the next hop.
+
+The previous hop's frames are read ahead of the one computing, into a queue: a 'cancel' from the host (segments
+of frames it no longer needs) goes on to the next hop as soon as it arrives, and a queued frame's cancelled
+segments are skipped (peers/shard.py skip: laid out, not computed, no rows) when their turn comes.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from collections import deque
 import torch
 import trio
 
-from . import device, tensors, validate, wire
+from . import device, kv, tensors, validate, wire
 from .auth import AuthError, server_handshake
 from .channel import Channel, ChannelClosed
 from .memory import injected_failure, is_oom, oom_line
@@ -21,6 +25,7 @@ from .shard import Shard
 
 log = logging.getLogger("sfchat.peer")
 SESSION_IDLE_S = 600.0
+READ_AHEAD = 64  # frames queued behind the one computing
 
 
 class DataPlane:
@@ -30,10 +35,12 @@ class DataPlane:
         # conversations the host ended: a frame of theirs still on its way (the drop on the control link overtook
         # it) must not bring their caches back
         self.dropped: deque[str] = deque(maxlen=256)
+        self.cancelled: deque[tuple[str, int]] = deque(maxlen=1024)  # (sid, seq): segments the host cancelled
+        self.unfinished = 0  # frames read and not yet computed
         self.next: Channel | None = None
         self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
-        # a GPU member's hop buffers, reused: a frame lands in one and is on the device before the next lands
-        # (frames are taken one at a time), and its result leaves from the other before the next pass runs
+        # a GPU member's hop buffers, reused: a frame lands in one when none is waiting or computing (it is on the
+        # device before the next lands there), and its result leaves from the other before the next pass runs
         self.inbound, self.outbound = Pinned(), Pinned()
 
     def drop(self, sid: str) -> None:
@@ -49,14 +56,17 @@ class DataPlane:
         ch = Channel(stream, "prev hop", read_timeout=3600)
         try:
             await server_handshake(ch, self.peer.token)
-            while True:
-                msg = await ch.recv(into=self._landing)
-                if msg["t"] == "fail":  # an upstream failure travels on to the host
-                    await self._send_next(msg)
-                    continue
-                if msg["t"] != "fwd":
-                    raise wire.WireError(f"unexpected {msg['t']!r} on a data link")
-                await self._forward(msg)
+            queued, frames = trio.open_memory_channel(READ_AHEAD)
+            error = None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_ahead, ch, queued)
+                try:
+                    await self._take(frames)
+                except Exception as e:  # (raised below, outside the nursery: as itself, not in a group)
+                    error = e
+                nursery.cancel_scope.cancel()
+            if error is not None:
+                raise error
         except (AuthError, ChannelClosed) as e:
             log.info("data link closed: %s", e)
         except wire.WireError as e:
@@ -67,6 +77,44 @@ class DataPlane:
             await ch.error(f"internal error: {type(e).__name__}")
         finally:
             await ch.aclose()
+
+    async def _read_ahead(self, ch: Channel, queued: trio.MemorySendChannel) -> None:
+        """The link's frames into the queue as they come; a cancel goes on at once. What ends the link (a bad
+        frame, a closed link) is queued in its place: the frames before it are still computed."""
+        async with queued:
+            try:
+                while True:
+                    msg = await ch.recv(into=self._landing)
+                    if msg["t"] == "cancel":
+                        await self._cancel(msg)
+                        continue
+                    self.unfinished += 1
+                    await queued.send(msg)
+            except Exception as e:
+                await queued.send(e)
+
+    async def _take(self, frames: trio.MemoryReceiveChannel) -> None:
+        """The queued frames in order: failures travel on to the host, passes are computed."""
+        async for msg in frames:
+            if isinstance(msg, Exception):
+                raise msg
+            try:
+                if msg["t"] == "fail":  # an upstream failure travels on to the host
+                    await self._send_next(msg)
+                elif msg["t"] != "fwd":
+                    raise wire.WireError(f"unexpected {msg['t']!r} on a data link")
+                else:
+                    await self._forward(msg)
+            finally:
+                self.unfinished -= 1
+
+    async def _cancel(self, msg: dict) -> None:
+        """Segments the host cancelled: remembered, and told to the next hop before anything queued here goes."""
+        self.cancelled.extend(validate.cancel(msg))
+        try:
+            await self._send_next(msg)
+        except ChannelClosed as e:  # (a frame that finds the next hop gone says so)
+            log.info("cancel not passed on: %s", e)
 
     async def _forward(self, msg: dict) -> None:
         """One pass: of one conversation, or of several ("batch", each with its own session and rollback). A
@@ -82,24 +130,32 @@ class DataPlane:
              **({"parents": msg["parents"]} if "parents" in msg else {})}]
         if msg["epoch"] != self.peer.epoch:  # a frame of an older plan: the host will replay
             return await self._fail(msg, f"{self.peer.name} is not on plan {msg['epoch']} but {self.peer.epoch}")
-        passes, kept, failed = [], [], dict(msg.get("failed") or {})
+        passes, skips, kept, failed = [], [], [], dict(msg.get("failed") or {})
         for seg, (a, b) in zip(segs, validate.bounds(segs)):
             sid = seg["sid"]
             if sid in self.dropped:  # ended: its caches stay gone
                 continue
             s = self.sessions.get(sid) or self.sessions.setdefault(sid, shard.new_session())
-            if seg["committed"] > s.length:  # it lost its caches here (a new plan, say): the host will replay
+            try:
+                if seg["committed"] > s.length:  # it lost its caches here (a new plan, say): the host will replay
+                    raise ValueError(f"frame says {seg['committed']} positions are committed but this peer holds "
+                                     f"{s.length}")
+                kv.check_keep(seg.get("keep"), seg["committed"], s.length)
+            except ValueError as e:
                 self.sessions.pop(sid, None)
-                failed[sid] = (f"{self.peer.name}: frame says {seg['committed']} positions are committed but this "
-                               f"peer holds {s.length}")
+                failed[sid] = f"{self.peer.name}: {e}"
                 continue
-            passes.append((s, seg["committed"], x[:, a:b], seg.get("parents")))
+            if many and (seg.get("skip") or (sid, msg["seq"]) in self.cancelled):
+                seg["skip"] = True  # every later member lays it out too, computing nothing
+                skips.append((s, seg["committed"], seg.get("keep"), seg["n"]))
+            else:
+                passes.append((s, seg["committed"], x[:, a:b], seg.get("parents"), seg.get("keep")))
             kept.append(seg)
-        if not passes:  # (its conversations ended, too: the pass that sent it still waits for the reply)
+        if not kept:  # (its conversations ended, too: the pass that sent it still waits for the reply)
             return await self._fail(msg, "; ".join(failed.values()) or "its conversations ended", warn=bool(failed))
         try:
             (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(RUNTIME.call, shard.device, self._compute,
-                                                                       shard, passes, limiter=self.compute)
+                                                                       shard, passes, skips, limiter=self.compute)
         except ValueError as e:
             for seg in kept:
                 self.sessions.pop(seg["sid"], None)
@@ -122,21 +178,24 @@ class DataPlane:
 
     def _landing(self, msg: dict, n: int) -> memoryview:
         """Where a frame's hidden states land: checked first, then the reused pinned buffer if they go on to a
-        GPU."""
+        GPU and no frame read before is still waiting or computing (else a pinned buffer of their own)."""
         shard, pin, place = self.peer.shard, device.pinned(self.peer.device), None
-        if pin and shard is not None and msg.get("t") == "fwd":
+        if pin and shard is not None and msg.get("t") == "fwd" and not self.unfinished:
             try:
                 place = self.inbound.view(*tensors.check(msg.get("x"), n))
             except wire.WireError:
                 pass  # (landing says what is wrong with it)
         return validate.landing(msg, n, shard.hidden_size if shard else None, pin, place)
 
-    def _compute(self, shard: Shard, passes: list) -> tuple[tuple[dict, memoryview], float]:
+    def _compute(self, shard: Shard, passes: list, skips: list) -> tuple[tuple[dict, memoryview], float]:
         """(device runtime) This span's layers over the frame's passes and their copy back to the CPU for the wire,
-        finished on the device (one event) before they are timed: trio's thread never waits for the device."""
+        finished on the device (one event) before they are timed: trio's thread never waits for the device. The
+        skipped segments are only laid out."""
         t0 = time.perf_counter()
         injected_failure(self.peer.name, "pass", self.peer.device)
-        hs = shard.forward(passes)
+        for skip in skips:
+            shard.skip(*skip)
+        hs = shard.forward(passes) if passes else [torch.empty(1, 0, shard.hidden_size, dtype=shard.dtype)]
         out = tensors.host_bytes(torch.cat(hs, dim=1) if len(hs) > 1 else hs[0], pinned=self.outbound)
         device.finish(shard.device)
         ms = (time.perf_counter() - t0) * 1e3

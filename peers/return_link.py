@@ -28,6 +28,8 @@ class ReturnLink:
         """The last hop's results come back here; hand each to the pass waiting for it."""
         while True:
             msg = await ch.recv(into=self._landing)
+            if msg["t"] == "cancel":  # the host's own cancel, come round the ring: every member has it
+                continue
             if msg["t"] not in ("fwd", "fail"):
                 raise wire.WireError(f"unexpected {msg['t']!r} on the return link")
             waiter = self._waiter(msg)
@@ -48,7 +50,7 @@ class ReturnLink:
     async def round_trip(self, frame: dict, n_positions: int, sent: list, place: torch.Tensor | None = None) -> dict:
         """Send a pass to the first member and wait for the last one's reply (RingError if the ring fails it); the
         reply's hidden states land in `place` if they fit it."""
-        seq = frame["seq"] = next(self.seq)
+        seq = frame["seq"] = frame["seq"] if "seq" in frame else next(self.seq)
         send, recv = trio.open_memory_channel(1)
         self.waiting[(frame["sid"], seq)] = (send, place)
         try:

@@ -28,8 +28,11 @@ class RingSession:
     def held(self, epoch: int) -> int:
         """Positions every stage still holds under plan `epoch`; 0 after a re-plan, a failed pass, or when the
         host's arena gave this conversation's row to another (peers/kv.py)."""
-        fresh = self.epoch == epoch and self.cache is not None and not self.cache.evicted
-        return self.ring_len if fresh else 0
+        return self.ring_len if self.fresh(epoch) else 0
+
+    def fresh(self, epoch: int) -> bool:
+        """Whether every stage's cache still holds what this conversation's passes under plan `epoch` left."""
+        return self.epoch == epoch and self.cache is not None and not self.cache.evicted
 
     def restart(self, epoch: int, cache: SessionCache) -> None:
         """Replay from position 0 under plan `epoch`, the host's stage on a fresh cache."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
-from . import architectures, kv, packed
+from . import architectures, kv, packed, tree
 from . import quant as quantization
 from .checkpoint import Stored, locations, weight_files
 from .cpu_linear import use_columns
@@ -151,32 +151,64 @@ class Shard:
         return SessionCache()
 
     @torch.inference_mode()
-    def forward(self, passes: list[tuple[SessionCache, int, torch.Tensor, list[int] | None]]) -> list[torch.Tensor]:
-        """One pass of B conversations: each (cache, committed, x, parents) runs x (ids [1,T] on the first stage,
-        else hidden [1,T,H]) at positions committed..committed+T-1 on the first `committed` positions its cache
-        holds: setting that length is the ring's only rollback rule. `parents`: the last len(parents) positions
-        are a tree of drafts (peers/tree.py), each at its depth and seeing its ancestors. Returns each one's
-        hidden states [1, T, H]. Up to 16 conversations of up to 32 positions are padded to a graph's shape
+    def forward(self, passes: list[tuple]) -> list[torch.Tensor]:
+        """One pass of B conversations: each (cache, committed, x, parents[, keep]) runs x (ids [1,T] on the first
+        stage, else hidden [1,T,H]) at positions committed..committed+T-1 on the first `committed` positions its
+        cache holds: setting that length is the ring's only rollback rule. `parents`: the last len(parents)
+        positions are a tree of drafts (peers/tree.py), each at its depth and seeing its ancestors. Returns each
+        one's hidden states [1, T, H]. Up to 16 conversations of up to 32 positions are padded to a graph's shape
         (peers/graphs.py) where graphs run; anything else runs eagerly, the positions of all packed in one
-        sequence (peers/packed.py)."""
-        for s, committed, x, _ in passes:
+        sequence (peers/packed.py).
+
+        keep (None: as a 4-tuple): the pass builds on m positions of a pass still in flight (not yet committed):
+        their cache columns (ascending, in [committed, length)) first move, in order, to columns
+        committed..committed+m-1, and x's rows follow at committed+m..; `parents` is then the full tree over the
+        m kept and T new rows (tree.full_parents: entry i in [-1, i), -1 the last committed position), each row
+        at position committed - 1 + its depth, seeing the committed prefix, its ancestors and itself. A batch
+        with any keep runs eagerly (a graph's meta has no room for kept columns)."""
+        passes = [tuple(p) if len(p) == 5 else (*p, None) for p in passes]
+        for s, committed, x, parents, keep in passes:
+            if keep is not None:
+                tree.check_parents(parents, len(keep) + x.shape[1])
+        key = None
+        if self.padding and all(keep is None for *_, keep in passes):
+            key = shape(len(passes), max(x.shape[1] for _, _, x, _, _ in passes))
+        if key and any(committed + key[1] > self.arena.room for _, committed, _, _, _ in passes):
+            key = None  # a conversation at its room's end: padding would write past it, so this pass runs eagerly
+        self._lay_out([(s, committed, keep, x.shape[1]) for s, committed, x, _, keep in passes])
+        hs = self._padded([p[:4] for p in passes], key) if key else self._eager(passes)
+        for s, committed, x, _, keep in passes:
+            s.length = committed + len(keep or ()) + x.shape[1]
+        return hs
+
+    @torch.inference_mode()
+    def skip(self, cache: SessionCache, committed: int, keep: list[int] | None, n: int) -> None:
+        """A pass this member does not compute (the host cancelled it): the conversation's columns laid out as
+        forward would leave them (kept ones moved, n more after them that nobody will attend to), so every
+        stage's columns stay where the host expects them whether it computed the pass or not."""
+        self._lay_out([(cache, committed, keep, n)])
+        cache.length = committed + len(keep or ()) + n
+
+    def _lay_out(self, items: list[tuple[SessionCache, int, list[int] | None, int]]) -> None:
+        """Before a pass of (cache, committed, keep, n) each: everything checked first (nothing moves for a bad
+        one), then each one's row placed, its length set to `committed` and its kept columns moved after it."""
+        for s, committed, keep, n in items:
             if committed > s.length:
                 raise ValueError(f"frame says {committed} positions are committed but this peer holds {s.length}")
-        key = shape(len(passes), max(x.shape[1] for _, _, x, _ in passes)) if self.padding else None
-        if key and any(committed + key[1] > self.arena.room for _, committed, _, _ in passes):
-            key = None  # a conversation at its room's end: padding would write past it, so this pass runs eagerly
-        for s, committed, x, _ in passes:
-            if committed + x.shape[1] > self.arena.room:
-                raise RoomError(f"the conversation has outgrown its room: {committed + x.shape[1]:,} positions, "
-                                f"and this member keeps {self.context:,} per conversation (--max-context)")
-        self.arena.place([s for s, _, _, _ in passes])
+            kv.check_keep(keep, committed, s.length)
+            if committed + len(keep or ()) + n > self.arena.room:
+                raise RoomError(f"the conversation has outgrown its room: {committed + len(keep or ()) + n:,} "
+                                f"positions, and this member keeps {self.context:,} per conversation (--max-context)")
+        self.arena.place([s for s, _, _, _ in items])
         now = time.monotonic()
-        for s, committed, _, _ in passes:
+        for s, committed, keep, _ in items:
             s.length, s.last_used = committed, now
-        hs = self._padded(passes, key) if key else self._eager(passes)
-        for s, committed, x, _ in passes:
-            s.length = committed + x.shape[1]
-        return hs
+            if keep and keep != list(range(committed, committed + len(keep))):  # (in place already: nothing to do)
+                at = torch.tensor(keep, device=self.device)
+                for cache in (self.arena.keys, self.arena.values):
+                    row = cache[:, s.row]  # [layers, kv_heads, room, head_dim]: gathered first, as a column may
+                    row[:, :, committed : committed + len(keep)] = row.index_select(2, at)  # land on one kept later
+            s.length += len(keep or ())
 
     def fits(self, committed: int, n: int) -> bool:
         """Whether a pass of n positions after `committed` fits a conversation's room."""
@@ -192,24 +224,35 @@ class Shard:
     def _eager(self, passes) -> list[torch.Tensor]:
         """Exactly the passes' positions, over the columns their masks need (no work on columns nobody sees)."""
         bounds, start = [], 0
-        for _, _, x, _ in passes:
+        for _, _, x, _, _ in passes:
             bounds.append((start, start + x.shape[1]))
             start += x.shape[1]
-        x = torch.cat([self._input(x) for _, _, x, _ in passes], dim=1)
+        x = torch.cat([self._input(x) for _, _, x, _, _ in passes], dim=1)
         h = self.embed(x) if self.embed is not None else x
         if self.span.size:
             rows, indices, views, metas = [], [], [], []
-            for s, committed, x_i, parents in passes:
-                t = x_i.shape[1]
+            for s, committed, x_i, parents, keep in passes:
+                t, m = x_i.shape[1], len(keep or ())
+                full = parents if keep is not None else tree.full_parents(t, parents or [])
                 rows.append(s.row)
-                indices.append(committed + torch.arange(t, device=self.device))
-                views.append(self._views(committed, t))
-                metas.append(kv.unpack(kv.meta(committed, t, parents, t).to(self.device)[None], t))
+                indices.append(committed + m + torch.arange(t, device=self.device))
+                views.append(self._views(committed, m + t))
+                metas.append(self._meta(committed, m, t, full))
             pos = torch.cat([m[1] for m in metas], dim=1)
             masks = {kind: packed.Packed([self._mask(*m, v[layer], kind) for m, v in zip(metas, views)], bounds)
                      for kind, layer in self._kinds().items()}
             h = self._layers(h, masks, pos, packed.Writer(self.arena, rows, self.span.start, indices, views, bounds))
         return [h[:, a:b] for a, b in bounds]
+
+    def _meta(self, committed: int, m: int, t: int, full: list[int]) -> tuple[torch.Tensor, ...]:
+        """(device) An eager pass's mask inputs, moved in one copy: committed [1], the T rows' positions [1, T],
+        which of the m + T pass columns each row sees [1, T, m + T], and those columns' positions [1, m + T]."""
+        w = m + t
+        span_pos = tree.positions(committed, w, full)[0]
+        sees = tree.ancestors(w, full)[m:]
+        flat = torch.cat([torch.tensor([committed]), span_pos, sees.flatten().long()]).to(self.device)
+        span_pos = flat[1 : 1 + w][None]
+        return flat[:1], span_pos[:, m:], flat[1 + w :].view(1, t, w).bool(), span_pos
 
     def _padded(self, passes, key: tuple[int, int]) -> list[torch.Tensor]:
         """The passes padded to B x T rows and positions (what a graph replays) over their rows' whole room."""
@@ -235,7 +278,7 @@ class Shard:
         if not self.span.size:
             return h
         view = (0, self.arena.room)
-        masks = {kind: self._mask(committed, pos, sees, view, kind) for kind in self._kinds()}
+        masks = {kind: self._mask(committed, pos, sees, None, view, kind) for kind in self._kinds()}
         columns = committed[:, None] + torch.arange(t, device=self.device)
         return self._layers(h, masks, pos, kv.Writer(self.arena, self.span.start, rows, columns))
 
@@ -254,8 +297,8 @@ class Shard:
         lo = {"full_attention": 0, "sliding_attention": max(0, committed - window + 1)}
         return {i: (lo[self.layer_types[i]], committed + t) for i in range(self.span.start, self.span.end)}
 
-    def _mask(self, committed, pos, sees, view: tuple[int, int], kind: str) -> torch.Tensor:
-        mask = kv.visible(committed, pos, sees, *view, self._window(kind))
+    def _mask(self, committed, pos, sees, span_pos, view: tuple[int, int], kind: str) -> torch.Tensor:
+        mask = kv.visible(committed, pos, sees, *view, self._window(kind), span_pos)
         if self.config.sfchat_attention == "eager":  # eager attention adds its mask to the scores
             return torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill(
                 ~mask, torch.finfo(self.dtype).min)

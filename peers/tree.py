@@ -107,24 +107,34 @@ def depths(parents: list[int]) -> list[int]:
     return out
 
 
-def positions(committed: int, n_tokens: int, parents: list[int]) -> torch.Tensor:
-    """Positions of a pass of n_tokens: the tokens the ring lacks in a row, then the nodes at their depth."""
+def full_parents(n_tokens: int, parents: list[int]) -> list[int]:
+    """A pass's tree in the frame's short form (n_tokens rows: the tokens the ring lacks in a chain, then the nodes,
+    -1 meaning the last of those tokens) -> its full form: each row's parent among the pass's rows, -1 meaning the
+    last committed position. A full list is its own full form."""
     n_pending = n_tokens - len(parents)
-    root = committed + n_pending - 1
-    return torch.tensor([list(range(committed, root + 1)) + [root + d for d in depths(parents)]])
+    return list(range(-1, n_pending - 1)) + [n_pending + p if p >= 0 else n_pending - 1 for p in parents]
+
+
+def positions(committed: int, n_tokens: int, parents: list[int]) -> torch.Tensor:
+    """Positions of a pass of n_tokens: each row one past its parent (committed - 1 + its depth in the full tree),
+    so the tokens the ring lacks lie in a row and the nodes at their depth below the last of them."""
+    return torch.tensor([[committed - 1 + d for d in depths(full_parents(n_tokens, parents))]])
 
 
 def ancestors(n_tokens: int, parents: list[int], size: int | None = None) -> torch.Tensor:
-    """Boolean [size, size]: which of the pass's own positions row i may see. A pending token sees those before
-    it and itself; a node sees every pending token, its ancestors and itself. Rows past n_tokens (padding up to
-    `size`) see only themselves."""
+    """Boolean [size, size]: which of the pass's own positions row i may see: its ancestors in the full tree and
+    itself (a pending token: those before it; a node: every pending token and its own ancestors). Rows past
+    n_tokens (padding up to `size`) see only themselves."""
     size = size or n_tokens
-    n_pending = n_tokens - len(parents)
+    full = full_parents(n_tokens, parents)
+    lead = 0  # the leading chain (the pending tokens, and the main chain under them): causal, in one go
+    while lead < len(full) and full[lead] == lead - 1:
+        lead += 1
     sees = torch.eye(size, dtype=torch.bool)
-    sees[:n_tokens, :n_pending] = torch.ones(n_tokens, n_pending, dtype=torch.bool).tril()
-    for i, p in enumerate(parents):
-        if p >= 0:
-            sees[n_pending + i, n_pending:n_tokens] |= sees[n_pending + p, n_pending:n_tokens]
+    sees[:lead, :lead] = torch.ones(lead, lead, dtype=torch.bool).tril()
+    for i in range(lead, n_tokens):
+        if full[i] >= 0:
+            sees[i, :n_tokens] |= sees[full[i], :n_tokens]
     return sees
 
 

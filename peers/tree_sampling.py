@@ -58,27 +58,29 @@ def verify_tree(p: torch.Tensor, q: torch.Tensor | None, tokens: list[int], pare
             if nxt is None:
                 return path, y
         else:
-            nxt, target = _rejection(p[node + 1], q, kids, tokens, seed, at)
-            if nxt is None:
+            j, target = reject_children(p[node + 1], q[kids[0]] if kids else None, [tokens[c] for c in kids], seed,
+                                        at)
+            if j is None:
                 return path, draw(target, position_generator(seed, at, RESIDUAL))
+            nxt = kids[j]
         path.append(nxt)
         node = nxt
 
 
-def _rejection(p: torch.Tensor, q: torch.Tensor, kids: list[int], tokens: list[int], seed: int, at: int
-               ) -> tuple[int | None, torch.Tensor]:
-    """One node's children in turn: the child accepted, or None and the distribution left to draw from."""
+def reject_children(p: torch.Tensor, q: torch.Tensor | None, drawn: list[int], seed: int, at: int
+                    ) -> tuple[int | None, torch.Tensor]:
+    """One node's children in turn, `drawn` from q in that order: the index of the child accepted, or None and the
+    distribution left to draw from."""
     p = p.detach().double().cpu()
-    qj = q[kids[0]].detach().double().cpu() if kids else None
+    qj = q.detach().double().cpu() if drawn else None
     gen = position_generator(seed, at, ACCEPT)  # the first child's uniform: the one a chain's verify draws
-    for j, c in enumerate(kids):
+    for j, x in enumerate(drawn):
         if j == 1:
             gen = position_generator(seed, at, SIBLINGS)  # the later siblings' uniforms, in turn
-        x = tokens[c]
         u = torch.rand((), generator=gen).item()
         qx, px = float(qj[x]), float(p[x])
         if qx > 0 and u < min(1.0, px / qx):
-            return c, p
+            return j, p
         residual = (p - qj).clamp_min(0.0)
         if residual.sum() > 0:  # (zero only where p == q: a rejection then had probability 0)
             p = residual / residual.sum()

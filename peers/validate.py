@@ -54,7 +54,8 @@ def header(msg: dict, hidden_size: int) -> None:
     shape, dtype = (x.get("shape"), x.get("dtype")) if isinstance(x, dict) else (None, None)
     floating = dtype in tensors.DTYPES and tensors.DTYPES[dtype].is_floating_point
     ok = floating and isinstance(shape, list) and len(shape) == 3 and shape[2] == hidden_size
-    if not ok or shape[0] != 1 or not (isinstance(shape[1], int) and 0 < shape[1] <= MAX_TOKENS_PER_FRAME):
+    least = 0 if "batch" in msg else 1  # (a batch whose every conversation the host cancelled carries no rows)
+    if not ok or shape[0] != 1 or not (isinstance(shape[1], int) and least <= shape[1] <= MAX_TOKENS_PER_FRAME):
         raise wire.WireError(f"fwd: tensor of {dtype} {shape} does not fit this stage (hidden {hidden_size})")
     if "parents" in msg:  # a tree of drafts: one parent per draft, and at least the root before them
         try:
@@ -66,11 +67,15 @@ def header(msg: dict, hidden_size: int) -> None:
 
 
 MAX_SEGMENTS = 64
+MAX_KEPT = 512  # positions a segment keeps from passes still in flight, past its own n
+MAX_CANCELLED = 1024
 
 
 def segments(msg: dict, n_positions: int) -> list[dict]:
     """The conversations a 'fwd' frame of several carries ("batch"), in the order of their positions; the frame's
-    own committed, n_logits and parents are unused. Each: sid, committed, n positions, n_logits, parents (a tree)."""
+    own committed, n_logits and parents are unused. Each: sid, committed, n positions, n_logits, parents (a tree);
+    keep (the uncommitted cache columns it builds on, peers/shard.py; parents then the full tree over kept and new
+    rows); skip (true: the host cancelled it, no member computes it and its rows are not in the frame)."""
     segs = msg.get("batch")
     if not isinstance(segs, list) or not 0 < len(segs) <= MAX_SEGMENTS:
         raise wire.WireError(f"fwd: 'batch' must list 1 to {MAX_SEGMENTS} conversations")
@@ -85,23 +90,48 @@ def segments(msg: dict, n_positions: int) -> list[dict]:
         del seg["t"]
         if seg["n_logits"] > seg["n"]:
             raise wire.WireError("fwd: more drafts than positions")
-        if "parents" in seg:
+        if "skip" in seg and seg["skip"] is not True:
+            raise wire.WireError("fwd: 'skip' must be true or absent")
+        keep = seg.get("keep")
+        if keep is not None:
+            ok = isinstance(keep, list) and len(keep) <= seg["n"] + MAX_KEPT and all(
+                isinstance(c, int) and not isinstance(c, bool) for c in keep)
+            if not ok or any(b <= a for a, b in zip(keep, keep[1:])) or (keep and keep[0] < seg["committed"]):
+                raise wire.WireError(f"fwd: 'keep' must list at most n + {MAX_KEPT} ascending cache columns from "
+                                     f"'committed' on")
+        if "parents" in seg or keep is not None:
             try:
-                tree.check_parents(seg["parents"], seg["n_logits"] - 1)
+                tree.check_parents(seg.get("parents"), seg["n_logits"] - 1 if keep is None else len(keep) + seg["n"])
             except ValueError as e:
                 raise wire.WireError(f"fwd: {e}") from None
-    if sum(seg["n"] for seg in segs) != n_positions or len({seg["sid"] for seg in segs}) != len(segs):
+    if sum(rows(seg) for seg in segs) != n_positions or len({seg["sid"] for seg in segs}) != len(segs):
         raise wire.WireError("fwd: the batch's positions do not add up to the frame's")
     return segs
 
 
+def rows(seg: dict) -> int:
+    """A segment's rows in its frame's hidden states: none once skipped."""
+    return 0 if seg.get("skip") else seg["n"]
+
+
 def bounds(segs: list[dict]) -> list[tuple[int, int]]:
-    """Each segment's [start, end) among the frame's positions."""
+    """Each segment's [start, end) among the frame's positions (empty for a skipped one)."""
     out, at = [], 0
     for seg in segs:
-        out.append((at, at + seg["n"]))
-        at += seg["n"]
+        out.append((at, at + rows(seg)))
+        at += rows(seg)
     return out
+
+
+def cancel(msg: dict) -> list[tuple[str, int]]:
+    """A 'cancel' frame's (sid, seq) pairs: the segments of those frames that nobody needs computed any more."""
+    need(msg, "epoch", int, 0)
+    pairs = msg.get("segments")
+    if not isinstance(pairs, list) or len(pairs) > MAX_CANCELLED or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], int)
+            and not isinstance(p[1], bool) for p in pairs):
+        raise wire.WireError(f"cancel: 'segments' must list at most {MAX_CANCELLED} [sid, seq] pairs")
+    return [(sid, seq) for sid, seq in pairs]
 
 
 def progress(msg: dict) -> dict | None:

@@ -39,3 +39,22 @@ def gigabytes(text: str) -> float:
     if not (math.isfinite(x) and x >= 0):
         raise argparse.ArgumentTypeError(f"must be 0 or more GB, got {text}")
     return x
+
+
+def in_flight(text: str) -> int | None:
+    """--in-flight: `auto` (None: the policy chooses) or a whole number of at least 1."""
+    text = text.strip()
+    if text == "auto":
+        return None
+    try:
+        return at_least(1)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be auto or a whole number of 1 or more, got {text!r}") from None
+
+
+def in_flight_list(text: str) -> list[int | None]:
+    """bench's --in-flight: a comma list of in_flight values, a row for each."""
+    values = [in_flight(x) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("needs at least one value: auto or a whole number of 1 or more")
+    return list(dict.fromkeys(values))  # each once, in the order given

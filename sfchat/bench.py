@@ -1,7 +1,8 @@
 """`sfchat bench`: tokens/s of plain transformers and of the ring, over links shaped to a given round-trip time.
 
 Modes: `transformers` (plain generate, one process: the compute ceiling), `transformers-assisted` (its own
-assisted generation with the same draft), `ring` (no speculation) and `ring-spec`. Each RTT above 0 puts a
+assisted generation with the same draft), `ring` (no speculation) and `ring-spec`, once for each `--in-flight`
+value (by default with rounds in flight and with one at a time: their ratio is printed). Each RTT above 0 puts a
 shaping relay under the ring, its one-way delay being RTT / (ring links), so one pass around the ring (host ->
 member 1 -> … -> host) adds exactly that RTT. One ring per RTT serves every prompt and run, warmed up first.
 
@@ -17,13 +18,14 @@ import platform
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import trio
 
+from .local import local_name
 from .shaped_relay import shaped_relay
-from .tree_args import tree_args
+from .tree_args import in_flight_rows_arg, tree_args
 
 DEFAULT_PROMPTS = [
     "Explain quantum entanglement in simple terms.",
@@ -43,8 +45,17 @@ columns:
   ceiling tok/s     tokens/round / (RTT + compute ms/round): what the mode would reach if the network cost
                     only its round trip and nothing but compute ran in between
   of ceiling        tok/s / ceiling tok/s: the rest went to the prompt's reading, waiting and the event loop
+a ring-spec row names its --in-flight: "rounds in flight (auto)" (the policy chose how many of a conversation's
+rounds are on the ring at once) or "N in flight" (pinned; 1: each round waits for the one before it)
+under each ring's table, for each ring-spec row:
+  in flight         the conversation's rounds on the ring when each was sent, itself included, on average;
+                    1.00: each round waited for the one before it
+  cancelled         the share of rounds whose every draft a verdict contradicted before they came back
+  hedges caught     rejections that a round already in flight had hedged (it drafted the model's token there),
+                    so no round trip was lost; over all of the row's runs
   ms per pass       each member's mean milliseconds per pass at T=1 (one token) and T=K+1 (K drafts)
-the header names the machine (CPU, cores, GPU, torch), so figures compare with others' (docs/benchmarks.md)"""
+the header names the machine (CPU, cores, GPU, torch), so figures compare with others' (docs/benchmarks.md),
+and with --pin the cores of the host and of each local member"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,9 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "is wrong the second is right with probability B (trees); simulated:A/A2…: a row for each")
     p.add_argument("--k", type=int, help="pin the draft length (default: adaptive)")
     tree_args(p)
+    in_flight_rows_arg(p)
     p.add_argument("--local-peers", type=int, default=1, metavar="N",
                    help="peer processes in the ring (default: 1, where host, ask and serve start none: the emulated "
                    "round trip is laid on the links between members, and the host alone has none)")
+    p.add_argument("--pin", action="store_true", help="put the host and each local member on cores of their own "
+                   "(the cores split in blocks, torch's threads to match): a machine per member on one box")
     p.add_argument("--rtt-ms", default="0,20,86,175", help="comma-separated ring round-trip times to emulate")
     p.add_argument("--prompts", help="a file with one prompt per line (default: three built-in prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
@@ -80,6 +94,9 @@ class Sample:
     accepted: int = 0
     compute_ms: float = 0.0  # summed over rounds: forward passes, drafting on the critical path, verification
     network_ms: float = 0.0
+    in_flight: int = 0  # summed over rounds: the conversation's rounds on the ring when each was sent
+    cancelled: int = 0  # rounds whose every draft was dead before they came back
+    caught: int = 0  # rejections a round in flight had hedged
 
     def add(self, other: "Sample") -> None:
         for k in self.__dataclass_fields__:
@@ -96,9 +113,11 @@ class Row:
     error: str | None = None  # why the mode failed: the row says so, the others still print
     passes: dict = field(default_factory=dict)  # member -> positions a pass carried (T) -> [ms of each pass]
     round_ms: list = field(default_factory=list)  # each measured round's milliseconds, draft to commit
+    in_flight: int | str | None = None  # ring-spec: its --in-flight, "auto" or N
 
     def to_dict(self) -> dict:
-        head = {"mode": self.mode, "rtt_ms": self.rtt_ms, **({"draft": self.draft} if self.draft else {})}
+        head = {"mode": self.mode, "rtt_ms": self.rtt_ms, **({"draft": self.draft} if self.draft else {}),
+                **({"in_flight": self.in_flight} if self.in_flight is not None else {})}
         if self.error or not self.runs:
             return head | {"error": self.error or "no runs"}
         total = Sample()
@@ -118,6 +137,9 @@ class Row:
             "network_ms_per_round": round(total.network_ms / total.rounds, 3) if total.rounds else None,
             "ceiling_tokens_per_second": round(ceiling, 3) if ceiling else None,
             "fraction_of_ceiling": round(tps / ceiling, 4) if ceiling else None,
+            **({"rounds_in_flight": round(total.in_flight / total.rounds, 3),
+                "cancelled_share": round(total.cancelled / total.rounds, 4),
+                "hedges_caught": total.caught} if self.mode.startswith("ring") and total.rounds else {}),
             "tokens": total.tokens, "rounds": total.rounds, "runs": len(self.runs),
             **({"members": self.members} if self.members else {}),
             **({"pass_ms": pass_ms(self.passes)} if self.passes else {}),
@@ -303,44 +325,54 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
 
 # --- the ring -----------------------------------------------------------------------------------------------
 
-async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], advance, done) -> None:
-    """The ring's rows at one RTT, each handed to `done` as it ends; a ring that does not come up fails them all."""
+async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], advance, done,
+                    cores: dict | None = None) -> None:
+    """The ring's rows at one RTT, each handed to `done` as it ends; a ring that does not come up fails them all.
+    `cores` (--pin): each process's cores, the host's and each local member's by name."""
     from peers.options import HostOptions
 
     from .options import RingOptions
     from .runtime import open_ring
 
-    todo = ring_modes(args.draft, modes)
+    todo = ring_modes(args.draft, modes, args.in_flight)
     links = args.local_peers + 1  # host -> member 1 -> … -> member N -> host
     try:
         async with shaped_relay(rtt_ms / links) as relay:
             opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
                                            relay=relay, graphs=not args.no_graphs, offer_gb=args.offer_gb),
-                               local_peers=args.local_peers)
+                               local_peers=args.local_peers, local_cores=member_cores(cores))
             advance(f"ring at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
             async with open_ring(opts, announce=False) as ring:
                 if len(ring.host.ring) != args.local_peers:
                     print(f"warning: {len(ring.host.ring)} of {args.local_peers} peers hold layers; the emulated "
                           f"RTT is split over {links} links", file=sys.stderr)
                 while todo:
-                    done(await ring_row(args, ring, *todo[0], rtt_ms, prompts, advance))
+                    done(await ring_row(args, ring, *todo[0], rtt_ms, prompts, advance, cores))
                     todo.pop(0)
     except Exception as e:  # noqa: BLE001 - the ring did not come up (or went down): its rows say why
-        for mode, _ in todo:
-            done(Row(mode, rtt_ms, error=one_line(e)))
+        for mode, _, flight in todo:
+            done(Row(mode, rtt_ms, error=one_line(e), in_flight=flight))
 
 
-def ring_modes(draft: str | None, modes: list[str]) -> list[tuple[str, str | None]]:
-    """(mode, what drafts) for each ring row: ring-spec once per simulated acceptance, else once."""
+def ring_modes(draft: str | None, modes: list[str], in_flight: list[int | None]) -> list[tuple]:
+    """(mode, what drafts, its --in-flight) for each ring row: ring-spec once per simulated acceptance and, for
+    each, once per --in-flight value ("auto" or N); ring (nothing drafted, so nothing to send ahead) once."""
     from peers.drafting.simulated import parse_simulated
 
     out = []
     for mode in [m for m in modes if m.startswith("ring")]:
-        if mode == "ring-spec" and (acceptances := parse_simulated(draft)):
-            out += [(mode, f"simulated:{a:g},{b:g}") for a, b in acceptances]
-        else:
-            out.append((mode, draft if mode == "ring-spec" else "none"))
+        if mode != "ring-spec":
+            out.append((mode, "none", None))
+            continue
+        acceptances = parse_simulated(draft)
+        specs = [f"simulated:{a:g},{b:g}" for a, b in acceptances] if acceptances else [draft]
+        out += [(mode, spec, "auto" if n is None else n) for spec in specs for n in in_flight]
     return out
+
+
+def member_cores(cores: dict | None) -> tuple[list[int], ...]:
+    """The cores of each local member, in the order they start (the host's are the first entry)."""
+    return tuple(list(cores.values())[1:]) if cores else ()
 
 
 _references: dict[tuple, list[int]] = {}  # (model, prompt, max new tokens) -> the ring's greedy tokens
@@ -368,10 +400,12 @@ async def ring_drafter(args, ring, spec: str | None, prompts: list[str]):
                             second=acceptance[0][1])
 
 
-def policy_for(args):
+def policy_for(args, in_flight: int | str | None = None):
+    """The row's draft policy: --k, --tree-nodes, --no-trees, and its --in-flight (None or "auto": the policy's)."""
     from peers.adaptive import KPolicy
 
-    return KPolicy(pinned=args.k, tree_nodes=args.tree_nodes, trees=not args.no_trees)
+    return KPolicy(pinned=args.k, tree_nodes=args.tree_nodes, trees=not args.no_trees,
+                   in_flight=None if in_flight in (None, "auto") else in_flight)
 
 
 async def ring_reply(ring, prompt: str, drafter, policy, max_new: int, params):
@@ -385,15 +419,17 @@ async def ring_reply(ring, prompt: str, drafter, policy, max_new: int, params):
     return chat.tokens, result
 
 
-async def ring_row(args, ring, mode: str, spec: str | None, rtt_ms: float, prompts: list[str], advance) -> Row:
+async def ring_row(args, ring, mode: str, spec: str | None, flight: int | str | None, rtt_ms: float,
+                   prompts: list[str], advance, cores: dict | None = None) -> Row:
     """One ring row: warmed up, then --runs runs of every prompt; a failure is the row's error."""
     from peers.sampling import SamplingParams
 
-    row, drafter = Row(mode, rtt_ms), None
+    row, drafter = Row(mode, rtt_ms, in_flight=flight), None
+    label = mode_cell(row.to_dict(), " ")
     try:
         drafter = await ring_drafter(args, ring, spec, prompts)
         row.draft = drafter.name if mode == "ring-spec" else None
-        policy = policy_for(args)
+        policy = policy_for(args, flight)
 
         async def one(prompt: str, max_new: int, sample: Sample | None) -> None:
             t0 = time.perf_counter()
@@ -404,17 +440,23 @@ async def ring_row(args, ring, mode: str, spec: str | None, rtt_ms: float, promp
                 count_passes(row.passes, result.rounds)
                 row.round_ms += [r["round_ms"] for r in result.rounds if "round_ms" in r]
 
-        advance(f"{mode} at {rtt_ms:g} ms: warm-up")
+        advance(f"{label} at {rtt_ms:g} ms: warm-up")
         await one(prompts[0], 8, None)
         for r in range(args.runs):
             sample = Sample()
             for i, prompt in enumerate(prompts):
                 await one(prompt, args.max_new_tokens, sample)
-                advance(f"{mode} at {rtt_ms:g} ms: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
+                advance(f"{label} at {rtt_ms:g} ms: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
             row.runs.append(sample)
         row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes", "graphs",
                                           "planned_bytes")}
                        for m in ring.host.members_info() if m["state"] not in ("lost", "left")]
+        if cores is not None:  # what the system says each process may run on (not what was asked)
+            pids = {"host": 0} | {local_name(i): p.pid for i, p in enumerate(ring.local.procs if ring.local else [])}
+            for m in row.members:
+                with suppress(ProcessLookupError):  # (a member that has just gone)
+                    if m["name"] in pids:
+                        m["cores"] = sorted(os.sched_getaffinity(pids[m["name"]]))
     except Exception as e:  # noqa: BLE001 - one mode's failure must not lose the others' figures
         row.error = one_line(e)
     finally:
@@ -429,7 +471,8 @@ def ring_sample(rounds: list[dict], tokens: int, seconds: float) -> Sample:
                   accepted=sum(r["accepted"] for r in rounds),
                   compute_ms=sum(r["host_ms"] + sum(ms for _, ms in r["peers"]) + r["draft_ms"] + r["verify_ms"]
                                  for r in rounds),
-                  network_ms=sum(r["network_ms"] for r in rounds))
+                  network_ms=sum(r["network_ms"] for r in rounds), in_flight=sum(r["in_flight"] for r in rounds),
+                  cancelled=sum(r["cancelled"] for r in rounds), caught=sum(r["caught"] for r in rounds))
 
 
 def count_passes(passes: dict, rounds: list[dict]) -> None:
@@ -461,19 +504,53 @@ def machine_info() -> dict:
 
 
 def checks(rows: list[dict]) -> list[str]:
-    """The ratios that matter, as measured: ring-spec over ring at each RTT, ring over transformers at 0 ms."""
+    """The ratios that matter, as measured: ring-spec over ring at each RTT, ring-spec with rounds in flight over
+    the same with one in flight (same RTT, same draft), ring over transformers at 0 ms."""
     ok = [r for r in rows if "error" not in r]
     ring = {r["rtt_ms"]: r for r in ok if r["mode"] == "ring"}
+    one = {(r["rtt_ms"], r.get("draft")): r for r in ok if r["mode"] == "ring-spec" and r.get("in_flight") == 1}
     plain = next((r for r in ok if r["mode"] == "transformers"), None)
     out = []
     for r in sorted(ok, key=lambda r: r["rtt_ms"]):
         if r["mode"] == "ring-spec" and r["rtt_ms"] in ring and r["rtt_ms"] > 0:
-            out.append(f"at {r['rtt_ms']:g} ms: ring-spec ({r['draft']}) is "
+            out.append(f"at {r['rtt_ms']:g} ms: {mode_cell(r, ' ')} is "
                        f"{r['tokens_per_second'] / ring[r['rtt_ms']]['tokens_per_second']:.2f}x ring, "
                        f"{r['fraction_of_ceiling']:.0%} of its ceiling")
+        if r["mode"] == "ring-spec" and r.get("in_flight") != 1 and (base := one.get((r["rtt_ms"], r.get("draft")))):
+            out.append(f"at {r['rtt_ms']:g} ms: ring-spec ({r['draft']}) with {flight_label(r['in_flight'])} is "
+                       f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}x the same with 1 in flight "
+                       f"({r['tokens_per_second']:.2f} against {base['tokens_per_second']:.2f} tok/s)")
         if r["mode"] == "ring" and r["rtt_ms"] == 0 and plain is not None:
             out.append(f"at 0 ms: ring is {r['tokens_per_second'] / plain['tokens_per_second']:.2f}x transformers")
     return out
+
+
+def pin(local_peers: int, say) -> dict | None:
+    """--pin: this process (the host) on its cores now, before anything runs on torch; the cores each local member
+    will pin itself to as it starts. Returns each process's cores by name (None where the system cannot pin)."""
+    from .pinning import can_pin, pin_self, split
+
+    if not can_pin():
+        say("bench: --pin: this system cannot pin a process to cores (no sched_setaffinity); running unpinned")
+        return None
+    cores, n = sorted(os.sched_getaffinity(0)), local_peers + 1
+    if n > len(cores):
+        say(f"bench: --pin: {n} processes (the host, {local_peers} members) on {len(cores)} cores share them "
+            "round-robin")
+    blocks = split(n, cores)
+    pin_self(blocks[0])
+    return {"host": blocks[0]} | {local_name(i): b for i, b in enumerate(blocks[1:])}
+
+
+def header(head: dict) -> list[str]:
+    """The machine, and with --pin where each process runs."""
+    from .pinning import cores_text
+
+    lines = [machine_line(head["machine"])]
+    if head.get("pin"):
+        lines.append("pinned: " + ", ".join(f"{name} on {cores_text(c)}" for name, c in head["pin"].items())
+                     + "; torch threads: as many as each one's cores")
+    return lines
 
 
 def machine_line(m: dict) -> str:
@@ -482,9 +559,15 @@ def machine_line(m: dict) -> str:
     return f"machine: {m['cpu']}, {m['cores']} cores, {gpu}; torch {m['torch']}, {m['torch_threads']} threads"
 
 
+def flight_label(n: int | str) -> str:
+    """A ring-spec row's --in-flight, as its label says it."""
+    return "rounds in flight (auto)" if n == "auto" else f"{n} in flight"
+
+
 def mode_cell(r: dict, sep: str = "\n") -> str:
-    """A row's mode, what drafted, and why it failed if it did."""
-    text = r["mode"] + (f"{sep}({r['draft']})" if r.get("draft") else "")
+    """A row's mode (ring-spec: with its --in-flight), what drafted, and why it failed if it did."""
+    text = r["mode"] + (f",{sep}{flight_label(r['in_flight'])}" if "in_flight" in r else "")
+    text += f"{sep}({r['draft']})" if r.get("draft") else ""
     return f"{text}{sep}failed: {r['error']}" if "error" in r else text
 
 
@@ -496,9 +579,20 @@ def row_line(r: dict) -> str:
             f"{r['tokens_per_round']:.2f} tokens/round")
 
 
+def short_label(r: dict) -> str:
+    """A row's mode and --in-flight, without its draft (the table names it)."""
+    return r["mode"] + (f", {flight_label(r['in_flight'])}" if "in_flight" in r else "")
+
+
+def flight_line(r: dict) -> str:
+    """A ring row's rounds in flight (mean), the share cancelled and the hedges caught."""
+    return (f"{r['rounds_in_flight']:.2f} in flight, {r['cancelled_share']:.0%} cancelled, "
+            f"{r['hedges_caught']} hedges caught: {short_label(r)}")
+
+
 def passes_line(r: dict) -> str:
     """Each member's milliseconds per pass at T = 1 and T = K+1, as measured in a ring row."""
-    return f"{r['mode']}: " + "; ".join(
+    return f"{short_label(r)}: " + "; ".join(
         f"{m} " + ", ".join(f"{ms:.1f} ms at {t}" for t, ms in by_t.items()) for m, by_t in r["pass_ms"].items())
 
 
@@ -527,6 +621,8 @@ def print_tables(rows: list[dict], rtts: list[float], console) -> None:
                       "-" if r["ceiling_tokens_per_second"] is None else f"{r['ceiling_tokens_per_second']:.2f}",
                       "-" if r["fraction_of_ceiling"] is None else f"{r['fraction_of_ceiling']:.0%}")
         console.print(t)
+        if lines := [flight_line(r) for r in group if r["mode"] == "ring-spec" and "rounds_in_flight" in r]:
+            console.print("rounds in flight, cancelled, hedges caught:\n  " + "\n  ".join(lines), highlight=False)
         if lines := [passes_line(r) for r in group if r.get("pass_ms")]:
             console.print("ms per pass, by member and positions carried (T):\n  " + "\n  ".join(lines))
 
@@ -557,6 +653,7 @@ class Plan:
     clients: list[int]
     modes: list[str]
     prompts: list[str]
+    cores: dict | None = None  # --pin: each process's cores, by name (the host first); None: not pinned
 
 
 def bench_plan(args) -> Plan:
@@ -593,7 +690,9 @@ class Results:
         self.head = {"machine": machine_info(), "command": "sfchat " + " ".join(sys.argv[1:]) if sys.argv else "",
                      "config": {"model": args.model or models.DEFAULT_MODEL, "draft": draft, "dtype": args.dtype,
                                 "local_peers": args.local_peers, "rtt_ms": plan.rtts, "runs": args.runs,
-                                "max_new_tokens": args.max_new_tokens, "prompts": plan.prompts}}
+                                "max_new_tokens": args.max_new_tokens, "prompts": plan.prompts,
+                                "in_flight": ["auto" if n is None else n for n in args.in_flight]},
+                     "pin": plan.cores}
 
     def done(self, row: Row) -> None:
         self.rows.append(d := row.to_dict())
@@ -612,7 +711,7 @@ async def measure(args, plan: Plan, model_dir, tokenizer, results: Results, prog
     from . import bench_serve
 
     n_tf = sum(m.startswith("transformers") for m in plan.modes)
-    n_ring = sum(m.startswith("ring") for m in plan.modes)
+    n_ring = len(ring_modes(args.draft, plan.modes, args.in_flight))  # ring rows at each RTT
     task = progress.add_task("loading", total=args.runs * len(plan.prompts) * (n_tf + n_ring * len(plan.rtts))
                              + args.runs * len(plan.clients) * len(plan.rtts))
 
@@ -623,10 +722,11 @@ async def measure(args, plan: Plan, model_dir, tokenizer, results: Results, prog
         await trio.to_thread.run_sync(transformers_rows, args, model_dir, tokenizer, plan.prompts, plan.modes,
                                       advance, results.done)
     for rtt in plan.rtts if n_ring else []:
-        await ring_rows(args, rtt, plan.prompts, plan.modes, advance, results.done)
+        await ring_rows(args, rtt, plan.prompts, plan.modes, advance, results.done, plan.cores)
     for rtt in plan.rtts if plan.clients else []:
         try:
-            results.serving += await bench_serve.serving_rows(args, rtt, plan.clients, plan.prompts, advance)
+            results.serving += await bench_serve.serving_rows(args, rtt, plan.clients, plan.prompts, advance,
+                                                              member_cores(plan.cores))
         except Exception as e:  # noqa: BLE001 - the rows measured so far are kept
             results.console.print(f"bench: serving at {rtt:g} ms: failed: {one_line(e)}", markup=False)
         results.write()
@@ -642,17 +742,21 @@ async def bench(args) -> int:
     from . import bench_serve
 
     plan = bench_plan(args)
+    err = Console(stderr=True)
+    if args.pin:  # first: the host's threads (torch's, trio's) start on its cores
+        plan.cores = pin(args.local_peers, lambda line: err.print(line, highlight=False, markup=False, soft_wrap=True))
     model_dir = models.resolve(args.model, say=lambda *a: print(*a, file=sys.stderr))
     tokenizer = load_tokenizer(model_dir)
-    err = Console(stderr=True)
     logging.getLogger("sfchat.host").setLevel(logging.ERROR)  # closing each ring "loses" its members: not news
     results = Results(args, plan, draft_label(args.draft, args.model, model_dir), err)
-    err.print(machine_line(results.head["machine"]), highlight=False, markup=False)
+    for line in header(results.head):
+        err.print(line, highlight=False, markup=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as progress:
         await measure(args, plan, model_dir, tokenizer, results, progress)
     console = Console(width=None if sys.stdout.isatty() else 110)
-    console.print(machine_line(results.head["machine"]), highlight=False, markup=False)
+    for line in header(results.head):
+        console.print(line, highlight=False, markup=False)
     if results.rows:
         print_tables(results.rows, plan.rtts, console)
     if results.serving:

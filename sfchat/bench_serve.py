@@ -67,7 +67,8 @@ async def clients_run(url: str, model: str, n: int, prompts: list[str], max_new:
             "ttft": out["ttft"], "per_round": sum(t for t, _ in out["rounds"]) / rounds if rounds else 0.0}
 
 
-async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[str], advance) -> list[dict]:
+async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[str], advance,
+                       local_cores: tuple = ()) -> list[dict]:
     from peers.options import HostOptions
 
     from .options import RingOptions
@@ -81,7 +82,7 @@ async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[st
         opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
                                        relay=relay, graphs=not args.no_graphs, conversations=max(clients),
                                        offer_gb=args.offer_gb),
-                           local_peers=args.local_peers)
+                           local_peers=args.local_peers, local_cores=local_cores)
         advance(f"serving at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
         async with open_ring(opts, announce=False) as ring, trio.open_nursery() as nursery:
             conv = Conversations(ring.host, ring.tokenizer, ring.eos, await new_drafter(args.draft, ring),

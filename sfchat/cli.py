@@ -14,8 +14,9 @@ from peers import models
 
 from . import __version__
 from .arg_types import at_least, gigabytes, in_range
-from .tree_args import tree_args
+from .tree_args import in_flight_arg, tree_args
 from .local import die_with_parent
+from .pinning import pin_from_env
 from .user_errors import runnable, user_error
 
 MODEL_HELP = ("a hub id ORG/NAME[@REVISION] (fetched into the Hugging Face cache, each machine only its layers), "
@@ -92,6 +93,7 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", type=draft_word, help=DRAFT_HELP + " (default: auto)")
     p.add_argument("--k", type=at_least(0), help="pin the draft length (default: adaptive)")
     tree_args(p)
+    in_flight_arg(p)
     p.add_argument("--max-new-tokens", type=at_least(1), default=256, metavar="N",
                    help="the longest answer, in tokens")
     p.add_argument("--max-context", type=at_least(1), metavar="N",
@@ -233,6 +235,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
+    pin_from_env()  # a local member of bench --pin: on its cores before torch starts its threads
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from peers.locations import cache_dir
 
+from .pinning import CORES_ENV
+
 PR_SET_PDEATHSIG = 1
 PARENT_PID = "SFCHAT_DIE_WITH_PARENT"
 # -P: the installed sfchat, never a folder named sfchat (or peers, torch …) in the current directory
@@ -57,7 +59,9 @@ def stop(procs: list[subprocess.Popen], timeout: float = 5) -> None:
 
 class LocalPeers:
     def __init__(self, n: int, host_addr: str, token: str, *, model: str | None = None, dtype: str = "auto",
-                 quant: str = "none", graphs: bool = True, extra: list[str] | None = None):
+                 quant: str = "none", graphs: bool = True, extra: list[str] | None = None,
+                 cores: tuple[list[int], ...] = ()):
+        """`cores` (bench --pin): peer i pins itself to cores[i] as it starts."""
         self.procs: list[subprocess.Popen] = []
         logs = cache_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -73,9 +77,10 @@ class LocalPeers:
             cmd += extra or []
             path = logs / f"local-peer-{os.getpid()}-{i + 1}.log"
             self.log_paths.append(path)
+            pin = {CORES_ENV: ",".join(map(str, cores[i]))} if i < len(cores) else {}
             with open(path, "w") as log:
                 self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL, env=env))
+                                                   stdin=subprocess.DEVNULL, env=env | pin))
 
     def check(self) -> None:
         for i, p in enumerate(self.procs):

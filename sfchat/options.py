@@ -28,6 +28,7 @@ class AnswerOptions:
     k: int | None = None  # None: adaptive
     tree_nodes: int | None = None  # --tree-nodes N: drafted positions a round (None: by what a pass costs)
     trees: bool = True  # False (--no-trees): drafts in chains
+    in_flight: int | None = None  # --in-flight N: rounds of one conversation on the ring at once (None: auto)
     draft: str | None = None  # None: the best known
     max_new_tokens: int = 256
 
@@ -38,8 +39,10 @@ class AnswerOptions:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
     def pin(self, policy):
-        """The draft policy (peers/adaptive.py) with what these options pin: --k, --tree-nodes, --no-trees."""
+        """The draft policy (peers/adaptive.py) with what these options pin: --k, --tree-nodes, --no-trees,
+        --in-flight."""
         policy.pinned, policy.tree_nodes, policy.trees = self.k, self.tree_nodes, self.trees
+        policy.in_flight = self.in_flight
         return policy
 
 
@@ -63,6 +66,7 @@ class RingOptions:
     answer: AnswerOptions = field(default_factory=AnswerOptions)
     serve: ServeOptions | None = None  # None: no endpoint
     local_peers: int = 0
+    local_cores: tuple[list[int], ...] = ()  # bench --pin: the cores each local peer pins itself to (none: any)
     wait_peers: int = 0  # joiners to wait for before the first plan
     advertise: str | None = None  # the address the invite names
 
@@ -97,7 +101,8 @@ def answer_options(args, s: Settings | None = None) -> AnswerOptions:
     return AnswerOptions(temperature=temperature,
                          top_p=a.get("top_p", 1.0), top_k=a.get("top_k", 0), seed=a.get("seed"),
                          k=flag_or("k", s.k_pinned if s else None), tree_nodes=a.get("tree_nodes"),
-                         trees=not a.get("no_trees"), draft=flag_or("draft", s.draft_spec if s else None),
+                         trees=not a.get("no_trees"), in_flight=a.get("in_flight"),
+                         draft=flag_or("draft", s.draft_spec if s else None),
                          max_new_tokens=a.get("max_new_tokens", 256))
 
 

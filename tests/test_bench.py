@@ -125,3 +125,64 @@ def test_bench_with_a_simulated_draft_and_a_failing_mode(tiny_llama, tmp_path):
 def test_simulated_draft_is_for_bench_only(tiny_llama):
     p = sfchat("ask", "hi", "--model", str(tiny_llama), "--draft", "simulated:0.8", check=False, timeout=60)
     assert p.returncode == 2 and "for `sfchat bench` only" in p.stderr
+
+
+def test_pin_puts_the_host_and_each_member_on_cores_of_their_own_and_spec_runs_with_and_without_rounds_in_flight(
+        tiny_llama, tmp_path):
+    """--pin: each process's cores, as the system reports them for the host and for each member's process while
+    its ring is up; more processes than cores share them round-robin, said in one line. ring-spec runs once per
+    --in-flight value (default auto,1) over the same prompts, each row saying which, and their ratio is printed."""
+    import pytest
+
+    from sfchat.pinning import split
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity here")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the quick brown fox jumps over the lazy dog\n")
+    out = tmp_path / "bench.json"
+    cores = sorted(os.sched_getaffinity(0))
+    p = sfchat("bench", "--model", str(tiny_llama), "--local-peers", "2", "--pin", "--modes", "ring-spec",
+               "--rtt-ms", "0", "--max-new-tokens", "8", "--runs", "1", "--draft", "simulated:0.8,0.6",
+               "--prompts", str(prompts), "--json", str(out), timeout=240)
+    doc = json.loads(out.read_text())
+    want = dict(zip(("host", "local-a", "local-b"), split(3, cores)))
+    assert doc["pin"] == want and doc["machine"]["torch_threads"] == len(want["host"])
+    assert ("cores share them round-robin\n" in p.stderr) == (len(cores) < 3)  # one line
+    assert "pinned: host on core" in p.stdout.splitlines()[1]
+    assert [(r["mode"], r["in_flight"]) for r in doc["rows"]] == [("ring-spec", "auto"), ("ring-spec", 1)]
+    assert doc["config"]["in_flight"] == ["auto", 1]
+    for r in doc["rows"]:
+        assert {m["name"]: m["cores"] for m in r["members"]} == want
+        assert r["rounds_in_flight"] >= 1 and 0 <= r["cancelled_share"] <= 1 and r["hedges_caught"] >= 0
+    flat = " ".join(p.stdout.split())
+    assert "ring-spec, rounds in flight (auto)" in flat and "ring-spec, 1 in flight" in flat
+    assert "in flight, 0% cancelled, 0 hedges caught: ring-spec, 1 in flight" in flat
+    assert "with rounds in flight (auto) is" in flat and "x the same with 1 in flight" in flat
+
+
+def test_a_member_started_with_cores_pins_itself_and_its_torch_threads():
+    import subprocess
+    import sys
+
+    import pytest
+
+    from sfchat.pinning import CORES_ENV
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity here")
+    core = sorted(os.sched_getaffinity(0))[-1]
+    code = ("from sfchat.pinning import pin_from_env; pin_from_env(); import os, torch; "
+            "print(sorted(os.sched_getaffinity(0)), torch.get_num_threads(), os.environ.get('%s'))" % CORES_ENV)
+    p = subprocess.run([sys.executable, "-c", code], env=os.environ | {CORES_ENV: str(core)}, capture_output=True,
+                       text=True, check=True)
+    assert p.stdout.strip() == f"[{core}] 1 None"  # pinned, one torch thread, and its children not told again
+
+
+def test_cores_split_in_blocks_or_round_robin():
+    from sfchat.pinning import cores_text, split
+
+    assert split(2, [0, 1]) == [[0], [1]]  # host on core 0, member 1 on core 1
+    assert split(3, list(range(8))) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert split(3, [0, 1]) == [[0], [1], [0]]  # more processes than cores: round-robin
+    assert (cores_text([3]), cores_text([0, 1, 2]), cores_text([0, 2])) == ("core 3", "cores 0-2", "cores 0,2")

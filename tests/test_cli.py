@@ -61,6 +61,9 @@ def test_options_mean_the_same_on_every_command():
 
     offer = {option(c, "--offer-gb").help for c in ("host", "ask", "serve", "bench", "join")}
     assert len(offer) == 1 and "memory this machine offers the ring" in offer.pop()
+    flight = {option(c, "--in-flight").help for c in ("host", "ask", "serve")}  # bench: the same, for each row
+    assert len(flight) == 1 and option("bench", "--in-flight").help.startswith(flight.pop().split(" (default")[0])
+    assert "--in-flight N|auto rounds of one conversation on the ring at once: 1 waits for each round" in helps["ask"]
     for cmd in ("host", "ask", "join"):  # the ring's address: --listen, also spelled --ring-listen
         assert option(cmd, "--ring-listen") is option(cmd, "--listen")
     assert "--http-listen HOST:PORT where the OpenAI-compatible endpoint listens" in helps["serve"]
@@ -91,6 +94,10 @@ def test_version_and_bad_numbers_are_one_line():
     for args, says in ((["ask", "hi", "--local-peers", "-1"], "argument --local-peers: must be 0 or more, got -1"),
                        (["ask", "hi", "--max-new-tokens", "0"], "argument --max-new-tokens: must be 1 or more, got 0"),
                        (["host", "--temperature", "hot"], "argument --temperature: 'hot' is not a number"),
+                       (["ask", "hi", "--in-flight", "0"],
+                        "argument --in-flight: must be auto or a whole number of 1 or more, got '0'"),
+                       (["bench", "--in-flight", "auto,two"],
+                        "argument --in-flight: must be auto or a whole number of 1 or more, got 'two'"),
                        (["join", "127.0.0.1:1"], "no join token")):
         p = sfchat(*args, check=False, timeout=60)
         assert p.returncode != 0 and says in p.stderr, p.stderr

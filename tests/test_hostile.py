@@ -68,6 +68,7 @@ def hidden(shape, dtype=torch.float32) -> dict:
 def bad_frames(hidden_size: int, epoch: int) -> list[dict]:
     ok = dict(t="fwd", epoch=epoch, sid="evil", seq=0, committed=0, n_logits=1, trace=[])
     one = hidden((1, 1, hidden_size))
+    seg = dict(sid="evil", committed=2, n=1, n_logits=1)
     return [
         ok | hidden((1, 3, hidden_size + 1)),  # wrong hidden size
         ok | hidden((3, hidden_size)),  # wrong rank
@@ -79,6 +80,21 @@ def bad_frames(hidden_size: int, epoch: int) -> list[dict]:
         ok | {"committed": -5} | one,
         ok | {"sid": 7} | one,
         ok | {"trace": "nope"} | one,
+        ok | one | {"batch": [seg | {"keep": "all", "parents": [-1]}]},
+        ok | one | {"batch": [seg | {"keep": [3, 2], "parents": [-1, 0, 1]}]},  # descending
+        ok | one | {"batch": [seg | {"keep": [1], "parents": [-1, 0]}]},  # below committed
+        ok | one | {"batch": [seg | {"keep": [True], "parents": [-1, 0]}]},
+        ok | one | {"batch": [seg | {"keep": list(range(2, 600)), "parents": list(range(-1, 598))}]},  # too many
+        ok | one | {"batch": [seg | {"keep": [2], "parents": [-1]}]},  # parents not over kept and new rows
+        ok | one | {"batch": [seg | {"keep": [2]}]},  # no parents
+        ok | one | {"batch": [seg | {"skip": 1}]},
+        ok | one | {"batch": [seg | {"skip": True}]},  # skipped, yet its row is in the frame
+        ok | hidden((1, 0, hidden_size)),  # no rows, and no batch whose segments were skipped
+        {"t": "cancel", "epoch": epoch, "segments": "all"},
+        {"t": "cancel", "epoch": epoch, "segments": [["evil"]]},
+        {"t": "cancel", "epoch": epoch, "segments": [[7, 0]]},
+        {"t": "cancel", "segments": []},  # no epoch
+        {"t": "cancel", "epoch": epoch, "segments": [], "raw": b"\0" * 8},
         {"t": "fail", "raw": b"\0" * 8},  # raw bytes on a message that carries none
         {"t": "assign", "epoch": 3},  # a control message on a data link
         {"t": "who-knows"},

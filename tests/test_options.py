@@ -50,6 +50,24 @@ def test_no_graphs_reaches_the_host_each_joiner_and_the_local_peers():
     assert parser().parse_args(["bench", "--no-graphs"]).no_graphs
 
 
+def test_in_flight_reaches_the_draft_policy_of_ask_host_and_serve_and_makes_a_bench_row_per_value():
+    from peers.adaptive import KPolicy
+    from sfchat.bench import policy_for, ring_modes
+
+    for cmd in (["ask", "hi"], ["host"], ["serve"]):
+        for flag, want in ((None, None), ("auto", None), ("1", 1), ("3", 3)):
+            args = parser().parse_args(cmd + (["--in-flight", flag] if flag else []))
+            answer = ring_options(args, settings.Settings()).answer
+            assert answer.in_flight == want and answer.pin(KPolicy(in_flight=7)).in_flight == want
+    bench = parser().parse_args(["bench"])
+    assert bench.in_flight == [None, 1]  # auto,1: rounds in flight against one at a time, in the same run
+    assert parser().parse_args(["bench", "--in-flight", "3,auto,1,3"]).in_flight == [3, None, 1]
+    rows = ring_modes("simulated:0.8,0.6", ["ring", "ring-spec"], bench.in_flight)
+    assert rows == [("ring", "none", None), ("ring-spec", "simulated:0.8,0.6", "auto"),
+                    ("ring-spec", "simulated:0.8,0.6", 1)]
+    assert [policy_for(bench, flight).in_flight for *_, flight in rows] == [None, None, 1]
+
+
 @pytest.mark.parametrize("generation, want", [({"temperature": 0.6, "top_p": 0.9}, 0.6),
                                               ({"do_sample": False, "temperature": 0.9}, 0.0),
                                               ({"bos_token_id": 1}, 0.0), (None, 0.0)])

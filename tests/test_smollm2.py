@@ -42,7 +42,8 @@ def test_drafters_do_not_change_the_answer(ring, want, draft):
 
 
 def test_self_draft_at_k6_commits_about_seven_tokens_a_round(ring, want):
-    got = ring.ask(PROMPT, "--max-new-tokens", str(N), "--draft", "smollm2-135m", "--k", "6")
+    got = ring.ask(PROMPT, "--max-new-tokens", str(N), "--draft", "smollm2-135m", "--k", "6",
+                   "--in-flight", "1")  # (rounds one at a time: each of them all but certain)
     assert got["token_ids"] == want
     s = got["stats"]
     # a draft identical to the target agrees everywhere: anything under ~7 means verification or rollback

@@ -129,8 +129,8 @@ def test_answers_are_exact_wherever_the_tree_holds_the_target_s_tokens(tiny_llam
                                                             add_generation_prompt=True, tokenize=True)
             prompt_ids = list(prompt_ids["input_ids"] if not isinstance(prompt_ids, list) else prompt_ids)
             oracle = OracleTrees(prompt_ids + want)
-            _, r = await chat.reply(PROMPT, drafter=oracle, params=SamplingParams(), policy=TreePolicy(),
-                                    max_new_tokens=40)
+            _, r = await chat.reply(PROMPT, drafter=oracle, params=SamplingParams(), policy=TreePolicy(in_flight=1),
+                                    max_new_tokens=40)  # (one round at a time: each round's tree as drafted)
             return r, oracle
     r, oracle = trio.run(main)
     assert r.token_ids == want

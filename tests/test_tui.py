@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -73,7 +74,7 @@ def text_of(widget: Static) -> str:
 
 
 def test_prompt_answer_stats_commands_and_quit(tiny_llama):
-    app = host_app(tiny_llama, "--max-new-tokens", "24", "--temperature", "0")
+    app = host_app(tiny_llama, "--max-new-tokens", "24", "--temperature", "0", "--in-flight", "2")
     want = reference_text(tiny_llama, "hello world", 24)
 
     async def main():
@@ -96,6 +97,12 @@ def test_prompt_answer_stats_commands_and_quit(tiny_llama):
             assert "the last answer" in rounds and "tokens/round" in rounds and " last" in rounds
             assert "trip" not in rounds and "verify" not in rounds  # one name per figure; checking is the host's
             assert rounds.count("K") == 1 and " avg, " in rounds  # measured K; the setting is apart
+            # rounds in flight (--in-flight 2 reached the policy), the share cancelled, the hedges that caught
+            s, r = stats.latest["stats"], stats.latest["round"]
+            assert app.engine.policy.in_flight == 2
+            for line in (f"in flight +{s['rounds_in_flight']:.1f} avg, {r['in_flight']} last",
+                         f"cancelled +{100 * s['cancelled_share']:.0f}% of rounds", f"hedges caught +{s['hedges_caught']}"):
+                assert re.search(rf"^{line} *$", rounds, re.M), rounds
             speed = text_of(stats.query_one("#speed", Static)).splitlines()
             now, avg, peak = speed[1].split()[1:]
             assert now == "—" and float(avg) > 0 and float(peak) > 0  # "now" ends with the answer

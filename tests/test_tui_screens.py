@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import re
 import shutil
 import subprocess
 
@@ -103,6 +104,8 @@ def test_f2_and_help_explain_every_row_of_the_stats_panel_and_help_is_never_cut(
         legend = screen_text(app)
         for label, meaning in LEGEND:
             assert label.strip().split()[0] in legend and meaning.split()[0] in legend
+        for label in ("in flight", "cancelled", "hedges caught"):  # the rows of rounds in flight, explained too
+            assert re.search(f">{label} *</text>", legend), label  # a cell of the legend's labels
         await pilot.press("escape", "f1")
         help_text = screen_text(app)
         assert "F2 explains the stats panel" in help_text

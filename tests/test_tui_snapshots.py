@@ -50,10 +50,11 @@ def round_event(i: int) -> dict:
     return {"event": "round", "new": [1],
             "round": {"k": 4, "drafted": 4, "accepted": 3, "committed": 4, "draft_ms": 3.2, "hidden_draft_ms": 2.0,
                       "network_ms": 12.5, "host_ms": 40.1, "peers": [["laptop", 55.0], ["desktop", 31.5]],
-                      "verify_ms": 0.8, "round_ms": 143.1},
+                      "verify_ms": 0.8, "round_ms": 143.1, "in_flight": 2, "cancelled": False, "caught": i % 8 == 0},
             "stats": {"tokens": 4 * i, "seconds": 1.0, "tokens_per_second": 24.6, "tokens_per_second_now": tps,
                       "tokens_per_second_peak": 32.0, "rounds": i, "tokens_per_round": 3.25, "drafted": 4 * i,
-                      "accepted": 3 * i, "acceptance": 0.75}}
+                      "accepted": 3 * i, "acceptance": 0.75, "rounds_in_flight": 1.85, "cancelled_share": 0.1,
+                      "hedges_caught": i // 8}}
 
 
 def host_app() -> HostApp:

@@ -1,4 +1,5 @@
-"""The stats panel: speed, a sparkline of tokens/s, tokens and acceptance per round, K, the round's time split.
+"""The stats panel: speed, a sparkline of tokens/s, tokens and acceptance per round, K, rounds in flight (and
+those cancelled, and the hedges that caught a rejection), the round's time split.
 
 Counts and averages are over one span, the answer being written (or the last one); totals since the app started
 sit apart. A round is one trip around the ring: the host sends the drafts, every member computes, the host
@@ -29,6 +30,10 @@ LEGEND = [
           "tree (second and third guesses where the draft was unsure, each with its own continuation) of N "
           "levels, and the model took M of them, one per level down the tree. The K setting below is what you "
           "chose: /k"),
+    ("in flight", "the answer's rounds on the ring at once, counted as each is sent (itself included): avg and "
+                  "last. 1: each waited for the one before it; more keep a slow link busy (--in-flight)"),
+    ("cancelled", "the share of rounds an earlier round's check proved all wrong before they came back"),
+    ("hedges caught", "wrong guesses a round already in flight had covered with the model's token: no trip lost"),
     ("last round", "how long the last round took, split into:"),
     ("  draft", "guessing on the host (what could not overlap the round before)"),
     ("  host", "the host's own layers, embedding and head, and checking the guesses against what the model chose"),
@@ -116,6 +121,11 @@ class StatsPanel(Vertical):
              if s else "—"),
             # K measured: drafts sent per round (the setting, pinned or adaptive, is shown apart below)
             ("K", f"{s.get('drafted', 0) / rounds:.1f} avg, {r['k']} last{_shape(r)}" if r and rounds else "—"),
+            # rounds in flight: sent before the one before them came back (1: each waited)
+            ("in flight", f"{s.get('rounds_in_flight', 1.0):.1f} avg, {r.get('in_flight', 1)} last"
+             if r and rounds else "—"),
+            ("cancelled", f"{pct(s.get('cancelled_share', 0.0))} of rounds" if r and rounds else "—"),
+            ("hedges caught", str(s.get("hedges_caught", 0)) if r and rounds else "—"),
             ("last round", ms(r.get("round_ms"))),
             ("  draft", ms(r.get("draft_ms"))),
             # checking the guesses takes microseconds (a tenth of a ms shows 0.0): it counts with the host's work
