@@ -151,8 +151,8 @@ class DataPlane:
             else:
                 passes.append((s, seg["committed"], x[:, a:b], seg.get("parents"), seg.get("keep")))
             kept.append(seg)
-        if not kept:
-            return await self._fail(msg, "; ".join(failed.values())) if failed else None
+        if not kept:  # (its conversations ended, too: the pass that sent it still waits for the reply)
+            return await self._fail(msg, "; ".join(failed.values()) or "its conversations ended", warn=bool(failed))
         try:
             (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(RUNTIME.call, shard.device, self._compute,
                                                                        shard, passes, skips, limiter=self.compute)
@@ -201,8 +201,9 @@ class DataPlane:
         ms = (time.perf_counter() - t0) * 1e3
         return out, ms
 
-    async def _fail(self, msg: dict, error: str, oom: bool = False) -> None:
-        log.warning("%s", error)
+    async def _fail(self, msg: dict, error: str, oom: bool = False, warn: bool = True) -> None:
+        if warn:
+            log.warning("%s", error)
         await self._send_next({"t": "fail", "epoch": msg.get("epoch"), "sid": msg.get("sid"), "seq": msg.get("seq"),
                                "error": error, **({"oom": True, "member": self.peer.member_id} if oom else {})})
 

@@ -7,35 +7,41 @@ import sys
 from peers.adaptive import KPolicy
 from peers.chat import Chat
 
-from .options import RingOptions
-from .runtime import new_drafter, open_ring, say
+from .options import AnswerOptions, RingOptions
+from .runtime import Ring, new_drafter, open_ring, say
+
+MEMBER_KEYS = ("name", "state", "layers", "rtt_ms", "device", "memory_bytes", "peak_memory_bytes")
 
 
 async def ask(prompt: str, opts: RingOptions, as_json: bool = False) -> int:
-    answer = opts.answer
+    def on_text(delta: str) -> None:
+        if not as_json:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+
     async with open_ring(opts) as ring:
-        drafter = await new_drafter(answer.draft, ring)
-        chat = Chat(ring.host, ring.tokenizer, ring.eos)
-
-        def on_text(delta: str) -> None:
-            if not as_json:
-                sys.stdout.write(delta)
-                sys.stdout.flush()
-
-        text, result = await chat.reply(prompt, drafter=drafter, params=answer.sampling(),
-                                        policy=answer.pin(KPolicy()), max_new_tokens=answer.max_new_tokens,
-                                        on_text=on_text)
-        keys = ("name", "state", "layers", "rtt_ms", "device", "memory_bytes", "peak_memory_bytes")
-        members = [{k: m[k] for k in keys} for m in ring.host.members_info()]
+        doc = await answer(ring, prompt, opts.answer, on_text)
     if as_json:
-        stats = result.stats.summary() | {"members": members, "finish": result.finish, "drafter": drafter.name,
-                                          "per_round": result.rounds}
-        print(json.dumps({"text": text, "token_ids": result.token_ids, "stats": stats}, ensure_ascii=False))
+        print(json.dumps(doc, ensure_ascii=False))
     else:
         print()
-    if result.finish == "length":
-        say(length_note(answer.max_new_tokens, len(result.token_ids)))
+    if doc["stats"]["finish"] == "length":
+        say(length_note(opts.answer.max_new_tokens, len(doc["token_ids"])))
     return 0
+
+
+async def answer(ring: Ring, prompt: str, opts: AnswerOptions, on_text=None) -> dict:
+    """One answer on a ring that is up, in a conversation of its own that every member frees after (a ring may
+    answer many): what `ask --json` prints, {"text", "token_ids", "stats"}."""
+    drafter = await new_drafter(opts.draft, ring)
+    chat = Chat(ring.host, ring.tokenizer, ring.eos)
+    text, result = await chat.reply(prompt, drafter=drafter, params=opts.sampling(), policy=opts.pin(KPolicy()),
+                                    max_new_tokens=opts.max_new_tokens, on_text=on_text)
+    members = [{k: m[k] for k in MEMBER_KEYS} for m in ring.host.members_info()]
+    await ring.host.drop(chat.rs)
+    stats = result.stats.summary() | {"members": members, "finish": result.finish, "drafter": drafter.name,
+                                      "per_round": result.rounds}
+    return {"text": text, "token_ids": result.token_ids, "stats": stats}
 
 
 def length_note(max_new_tokens: int, n: int) -> str:

@@ -167,3 +167,29 @@ def test_five_streamed_requests_at_once_answer_as_each_alone(tiny_llama, tmp_pat
         server.close()
     assert together == alone and all(alone)
     assert batched["passes"]["rounds"] > batched["passes"]["batches"]
+
+
+def test_a_round_of_a_conversation_that_ended_is_answered_not_dropped(tiny_llama):
+    """A member that gets a frame of a conversation the host has ended (the drop overtook it: a client gone
+    mid-round) answers it with a failure. Dropped silently, the frame's pass waited a minute for its reply, holding
+    the ring's batch in flight, and every other conversation's rounds with it."""
+    import pytest
+
+    from peers.errors import RingError
+
+    async def main():
+        async with running_ring(tiny_llama, 1) as (host, _):
+            chat = new_chat(host)
+            await chat.reply("hello world", drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
+                             max_new_tokens=2)
+            await host.drop(chat.rs)
+            with trio.fail_after(30):  # the member has ended it
+                while host.members_info()[1]["conversations"]:
+                    await trio.sleep(0.05)
+            with trio.fail_after(30), pytest.raises(RingError, match="conversations ended"):  # (unanswered: 60 s)
+                await host.forward(chat.rs, chat.tokens + [5], [])
+            return await new_chat(host).reply("hello world", drafter=Drafter(), params=SamplingParams(),
+                                              policy=KPolicy(), max_new_tokens=4)
+
+    _, r = trio.run(main)
+    assert r.token_ids == reference_ids(tiny_llama, "hello world", 4)

@@ -52,29 +52,36 @@ def test_two_sessions_at_once_stay_correct(tiny_qwen2):
     """Two conversations interleave their rounds on the same ring; each equals its run alone."""
     prompts = ["hello world", "the quick brown fox jumps"]
 
-    async def run(concurrent: bool):
-        out = {}
+    async def main():
+        alone, together = {}, {}
         async with running_ring(tiny_qwen2, 2) as (host, _):
-            async def one(p):
+            async def one(p, out):
                 out[p] = await greedy_reply(host, p, 20)
 
-            if concurrent:
-                async with trio.open_nursery() as n2:
-                    for p in prompts:
-                        n2.start_soon(one, p)
-            else:
+            for p in prompts:
+                await one(p, alone)
+            async with trio.open_nursery() as n2:
                 for p in prompts:
-                    await one(p)
-        return out
+                    n2.start_soon(one, p, together)
+        return alone, together
 
-    assert trio.run(run, True) == trio.run(run, False)
+    alone, together = trio.run(main)
+    assert together == alone
 
 
 def test_sampling_with_a_seed_is_reproducible(tiny_llama):
-    args = ["--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "16", "--temperature", "0.9",
-            "--top-p", "0.95", "--draft", "ngram"]
-    a, b = ask_json("the quick brown", *args, "--seed", "7"), ask_json("the quick brown", *args, "--seed", "7")
-    c = ask_json("the quick brown", *args, "--seed", "8")
+    """`sfchat ask --seed 7` in a process of its own, and seeds 7 and 8 answered on another ring of a host and a
+    peer process: the same seed, the same answer; another seed, another."""
+    from shared_ring import SharedRing
+
+    ring = ["--model", str(tiny_llama), "--local-peers", "1"]
+    answer = ["--max-new-tokens", "16", "--temperature", "0.9", "--top-p", "0.95", "--draft", "ngram"]
+    a = ask_json("the quick brown", *ring, *answer, "--seed", "7")
+    other = SharedRing(*ring)
+    try:
+        b, c = (other.ask("the quick brown", *answer, "--seed", seed) for seed in ("7", "8"))
+    finally:
+        other.close()
     assert a["token_ids"] == b["token_ids"]
     assert a["token_ids"] != c["token_ids"]
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 import re
 
 import httpx
 import openai
 import pytest
 
-from helpers import ask_json
 from serving import KEY, Server
 
 N = 12  # tokens per answer: enough to stream in several pieces, cheap on two shared cores
@@ -206,11 +204,16 @@ def test_disconnect_cancels_and_frees_every_member(server, tiny_llama):
 
 
 def test_eight_concurrent_streams_equal_ask(server, tiny_llama):
+    """Each of eight streams at once is what `sfchat ask --json` answers alone (its answer, on a ring of its own)."""
+    from shared_ring import SharedRing
+
     prompts = ["hello world", "the lazy dog", "def fib(n)", "quantum entanglement"]
-    with ThreadPoolExecutor(len(prompts)) as pool:  # the four `sfchat ask` processes at once
-        texts = pool.map(lambda p: ask_json(p, "--model", str(tiny_llama), "--draft", "ngram", "--max-new-tokens",
-                                            str(N), "--temperature", "0")["text"], prompts)
-        asked = dict(zip(prompts, texts))
+    alone = SharedRing("--model", str(tiny_llama))
+    try:
+        asked = {p: alone.ask(p, "--draft", "ngram", "--max-new-tokens", str(N), "--temperature", "0")["text"]
+                 for p in prompts}
+    finally:
+        alone.close()
 
     async def one(c, prompt: str) -> str:
         stream = await c.chat.completions.create(model=tiny_llama.name, messages=user(prompt), max_tokens=N,

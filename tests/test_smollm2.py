@@ -1,7 +1,10 @@
-"""End to end on the real SmolLM2-135M-Instruct (pulled once from PyPI, cached): rings of real processes."""
+"""End to end on the real SmolLM2-135M-Instruct (pulled once from PyPI, cached): rings of real processes. One
+`sfchat ask` process brings its own ring up; the other answers share one ring of the host and two peer processes
+(`sfchat ask --local-peers 2`'s), each answered as `ask --json` answers it, with the options its flags make."""
 import pytest
 
 from helpers import ROOT, ask_json, assert_covers, reference_ids
+from shared_ring import SharedRing
 
 pytestmark = pytest.mark.slow  # every test here runs the real SmolLM2
 
@@ -15,6 +18,13 @@ def want(smollm2):
     return reference_ids(smollm2, PROMPT, N)
 
 
+@pytest.fixture(scope="module")
+def ring(smollm2):
+    r = SharedRing("--local-peers", "2")
+    yield r
+    r.close()
+
+
 def test_ring_of_two_peers_equals_transformers(want):
     got = ask_json(PROMPT, "--local-peers", "2", "--temperature", "0", "--max-new-tokens", str(N), "--draft", "none")
     assert got["token_ids"] == want
@@ -26,13 +36,13 @@ def test_ring_of_two_peers_equals_transformers(want):
 
 
 @pytest.mark.parametrize("draft", ["ngram", "smollm2-135m"])
-def test_drafters_do_not_change_the_answer(want, draft):
-    got = ask_json(PROMPT, "--local-peers", "1", "--max-new-tokens", str(N), "--draft", draft)
+def test_drafters_do_not_change_the_answer(ring, want, draft):
+    got = ring.ask(PROMPT, "--max-new-tokens", str(N), "--draft", draft)
     assert got["token_ids"] == want
 
 
-def test_self_draft_at_k6_commits_about_seven_tokens_a_round(want):
-    got = ask_json(PROMPT, "--local-peers", "1", "--max-new-tokens", str(N), "--draft", "smollm2-135m", "--k", "6",
+def test_self_draft_at_k6_commits_about_seven_tokens_a_round(ring, want):
+    got = ring.ask(PROMPT, "--max-new-tokens", str(N), "--draft", "smollm2-135m", "--k", "6",
                    "--in-flight", "1")  # (rounds one at a time: each of them all but certain)
     assert got["token_ids"] == want
     s = got["stats"]
@@ -42,31 +52,29 @@ def test_self_draft_at_k6_commits_about_seven_tokens_a_round(want):
     assert s["tokens_per_round"] >= 6.0, s
 
 
-def test_the_distilled_draft_is_the_default_and_only_changes_speed(want):
+def test_the_distilled_draft_is_the_default_and_only_changes_speed(ring, want):
     """The draft distilled for SmolLM2 and shipped in peers/drafting/shipped/smollm2-135m (reading the target's features)
     is used with no --draft: through a ring of two real peers, greedy, the answer is plain transformers', and
     some of its drafts are accepted."""
-    got = ask_json(PROMPT, "--local-peers", "2", "--max-new-tokens", str(N))
+    got = ring.ask(PROMPT, "--max-new-tokens", str(N))
     assert got["token_ids"] == want
     assert got["stats"]["drafter"] == "smollm2-135m-draft"
     assert got["stats"]["accepted"] > 0 and got["stats"]["tokens_per_round"] > 1.0, got["stats"]
 
 
-def test_the_distilled_draft_samples_too():
+def test_the_distilled_draft_samples_too(ring):
     """Sampling with it: drafts drawn from its q are accepted (verification keeps the target's distribution;
     tests/test_lossless.py checks that rule statistically)."""
-    got = ask_json(PROMPT, "--local-peers", "1", "--max-new-tokens", "32", "--temperature", "0.7", "--seed", "11",
-                   "--draft", DRAFT)
+    got = ring.ask(PROMPT, "--max-new-tokens", "32", "--temperature", "0.7", "--seed", "11", "--draft", DRAFT)
     s = got["stats"]
     assert s["tokens"] == 32 and s["accepted"] > 0, s
 
 
 @pytest.mark.parametrize("draft", ["smollm2-135m", "ngram"])
-def test_trees_through_two_peers_keep_the_answer(want, draft):
+def test_trees_through_two_peers_keep_the_answer(ring, want, draft):
     """Greedy trees of 8 nodes from a model draft (the target drafting itself) and from ngram, through a host and
     two peer processes: the answer is plain transformers'."""
-    got = ask_json(PROMPT, "--local-peers", "2", "--temperature", "0", "--max-new-tokens", str(N), "--draft", draft,
-                   "--tree-nodes", "8")
+    got = ring.ask(PROMPT, "--temperature", "0", "--max-new-tokens", str(N), "--draft", draft, "--tree-nodes", "8")
     assert got["token_ids"] == want
     rounds = got["stats"]["per_round"]
     assert got["stats"]["tree_rounds"] == sum(r["tree"] for r in rounds) > 0
@@ -74,28 +82,27 @@ def test_trees_through_two_peers_keep_the_answer(want, draft):
         assert any(r["drafted"] > r["depth"] for r in rounds if r["tree"]), rounds  # really branching
 
 
-def test_simulated_trees_through_two_peers_keep_the_answer(smollm2, want):
+def test_simulated_trees_through_two_peers_keep_the_answer(ring, want):
     """A simulated draft whose second guess is right where its first is wrong: the target often takes a branch off
     the main chain (those tokens go round again with the next drafts); the answer stays transformers'."""
-    import trio
-
-    from helpers import new_chat, running_ring
+    from helpers import new_chat
     from peers.adaptive import KPolicy
     from peers.drafting import Drafter
     from peers.drafting.simulated import SimulatedDrafter
     from peers.sampling import SamplingParams
 
-    async def main():
-        async with running_ring(smollm2, 2) as (host, _):
-            plain = new_chat(host)
-            await plain.reply(PROMPT, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
-                              max_new_tokens=N)
-            d = SimulatedDrafter(0.5, host.config.vocab_size, [plain.tokens], second=0.9)
-            _, r = await new_chat(host).reply(PROMPT, drafter=d, params=SamplingParams(),
-                                              policy=KPolicy(tree_nodes=12), max_new_tokens=N)
-            return plain.tokens, r
+    async def main(ring):
+        host = ring.host
+        plain, simulated = new_chat(host), new_chat(host)
+        await plain.reply(PROMPT, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(), max_new_tokens=N)
+        d = SimulatedDrafter(0.5, host.config.vocab_size, [plain.tokens], second=0.9)
+        _, r = await simulated.reply(PROMPT, drafter=d, params=SamplingParams(), policy=KPolicy(tree_nodes=12),
+                                     max_new_tokens=N)
+        for chat in (plain, simulated):
+            await host.drop(chat.rs)
+        return plain.tokens, r
 
-    plain, r = trio.run(main)
+    plain, r = ring.run(main)
     assert plain[-N:] == want and r.token_ids == want
     assert any(rd["tree"] and rd["accepted"] >= 2 for rd in r.rounds)
     assert r.stats.tokens / r.stats.rounds > 2.0, r.rounds  # 0.5 alone would give 2 at most
