@@ -48,7 +48,7 @@ line and the table of pass costs are over the pass's positions, all conversation
 Rounds in flight (peers/in_flight.py). A round alone on the ring takes trip_ms, link_ms of it on the links, and
 its busiest stage is busy busiest_ms; while it crosses the links that stage can compute link_ms / busiest_ms more
 rounds (beyond that they queue there), so an answer keeps one and that many more in flight (at most
-MAX_IN_FLIGHT); where that rounds to none (a link that costs less than a stage's pass), answers go in the plain
+AUTO_IN_FLIGHT); where that rounds to none (a link that costs less than a stage's pass), answers go in the plain
 rounds above. A round sent while others are in flight is a hedge for one place where they may stop: the draft's
 next guess there and the tree under it. Where it is needed (its chance P), it saves the round trip a round sent
 after the verdict would take (trip_ms); it costs what its positions add to the busiest stage (position_ms each,
@@ -56,8 +56,8 @@ in the answer's way only when that stage is busy). So a hedge goes where P * tri
 more nodes than the last plain round had, so that hedges never make a stage slower than plain rounds do. Both
 times are measured on rounds that had the ring to themselves (a round queued behind others says nothing of its
 own costs). Whether that pays is measured too, as the tokens an answer commits per ms of wall time with rounds
-in flight and one at a time: rounds go in flight where that is measured faster, and for one stretch of rounds in
-four (the measurement) elsewhere.
+in flight and one at a time: where flying is slower, rounds go one at a time but for one stretch in four, which
+measures it again.
 """
 from __future__ import annotations
 
@@ -67,8 +67,10 @@ from .tree import MAX_NODES
 
 EXPLORE_EVERY = 8
 MAX_IN_FLIGHT = 4  # an answer's rounds on the ring at once, at most
-EXPLORE_FLYING = 16  # one stretch of this many rounds in four tries rounds in flight where they are not (yet)
-# measured faster
+# ... as the policy chooses them: on a CPU a hedge costs a stage about what a round does, and two rounds ahead
+# measured slower than one (docs/benchmarks.md); --in-flight N sends more
+AUTO_IN_FLIGHT = 2
+EXPLORE_FLYING = 16  # where rounds in flight measured slower, one stretch of this many rounds in four tries them
 PACE_MS = 1000.0  # wall time each way (weighted) before the two paces are compared
 MIN_K_VARIANCE = 0.25  # below this spread of recent K, a fitted slope would be noise
 
@@ -172,18 +174,19 @@ class KPolicy:
             return self.in_flight
         if self.busiest_ms <= 0:
             return 1
-        n = max(1, min(MAX_IN_FLIGHT, 1 + round(self.link_ms / self.busiest_ms)))
-        trying = (self.rounds // EXPLORE_FLYING) % 4 == 3  # one stretch of rounds in four measures flying
-        return n if n > 1 and (trying or self._flying_is_faster()) else 1
+        n = max(1, min(AUTO_IN_FLIGHT, 1 + round(self.link_ms / self.busiest_ms)))
+        if n > 1 and self._flying_is_slower() and (self.rounds // EXPLORE_FLYING) % 4 != 3:
+            return 1  # measured slower in flight: one at a time, but for one stretch of rounds in four
+        return n
 
     def pace(self, flying: bool, tokens: int, ms: float) -> None:
         """Tokens an answer committed in `ms` of its wall time, with rounds in flight or one at a time."""
         made, spent = self.paces[flying]
         self.paces[flying] = (self.keep * made + tokens, self.keep * spent + ms)
 
-    def _flying_is_faster(self) -> bool:
+    def _flying_is_slower(self) -> bool:
         (one_made, one_ms), (fly_made, fly_ms) = self.paces[False], self.paces[True]
-        return min(one_ms, fly_ms) >= PACE_MS and fly_made / fly_ms > one_made / one_ms
+        return min(one_ms, fly_ms) >= PACE_MS and fly_made / fly_ms < one_made / one_ms
 
     def pass_ms(self, positions: int) -> float:
         """What a pass carrying `positions` costs: as measured where passes of that size were seen (on a CPU the
