@@ -48,8 +48,8 @@ line and the table of pass costs are over the pass's positions, all conversation
 Rounds in flight (peers/in_flight.py). A round alone on the ring takes trip_ms, link_ms of it on the links, and
 its busiest stage is busy busiest_ms; while it crosses the links that stage can compute link_ms / busiest_ms more
 rounds (beyond that they queue there), so an answer keeps one and that many more in flight (at most
-AUTO_IN_FLIGHT); where that rounds to none (a link that costs less than a stage's pass), answers go in the plain
-rounds above. A round sent while others are in flight is a hedge for one place where they may stop: the draft's
+AUTO_IN_FLIGHT); where that rounds to none (a link that costs less than a stage's pass), or the link is shorter
+than FLY_LINK_MS, answers go in the plain rounds above. A round sent while others are in flight is a hedge for one place where they may stop: the draft's
 next guess there and the tree under it. Where it is needed (its chance P), it saves the round trip a round sent
 after the verdict would take (trip_ms); it costs what its positions add to the busiest stage (position_ms each,
 in the answer's way only when that stage is busy). So a hedge goes where P * trip_ms >= position_ms, with no
@@ -70,6 +70,7 @@ MAX_IN_FLIGHT = 4  # an answer's rounds on the ring at once, at most
 # ... as the policy chooses them: on a CPU a hedge costs a stage about what a round does, and two rounds ahead
 # measured slower than one (docs/benchmarks.md); --in-flight N sends more
 AUTO_IN_FLIGHT = 2
+FLY_LINK_MS = 20.0  # links shorter than this (a LAN, one machine) save too little to pay for a hedge's drafting
 EXPLORE_FLYING = 16  # where rounds in flight measured slower, one stretch of this many rounds in four tries them
 PACE_MS = 1000.0  # wall time each way (weighted) before the two paces are compared
 MIN_K_VARIANCE = 0.25  # below this spread of recent K, a fitted slope would be noise
@@ -172,7 +173,7 @@ class KPolicy:
         the busiest stage can compute while a round crosses the links (beyond that they queue there)."""
         if self.in_flight is not None:
             return self.in_flight
-        if self.busiest_ms <= 0:
+        if self.busiest_ms <= 0 or self.link_ms < FLY_LINK_MS:
             return 1
         n = max(1, min(AUTO_IN_FLIGHT, 1 + round(self.link_ms / self.busiest_ms)))
         if n > 1 and self._flying_is_slower() and (self.rounds // EXPLORE_FLYING) % 4 != 3:

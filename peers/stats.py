@@ -81,7 +81,9 @@ class RunningStats:
         total_draft = self.draft_ms + self.hidden_draft_ms
         return {"tokens": self.tokens, "seconds": round(self.seconds, 4), "tokens_per_second": round(self.avg_tps, 3),
                 "tokens_per_second_now": round(self.now_tps, 3), "tokens_per_second_peak": round(self.peak_tps, 3),
-                "rounds": self.rounds, "tokens_per_round": round(self.tokens / self.rounds, 3) if self.rounds else 0.0,
+                "rounds": self.rounds,  # (a round a verdict cancelled commits nothing: not one of tokens/round's)
+                "tokens_per_round": round(self.tokens / (self.rounds - self.cancelled), 3)
+                if self.rounds > self.cancelled else 0.0,
                 "drafted": self.drafted, "accepted": self.accepted, "tree_rounds": self.trees,
                 "rounds_in_flight": round(self.in_flight / self.rounds, 3) if self.rounds else 0.0,
                 "cancelled_share": round(self.cancelled / self.rounds, 4) if self.rounds else 0.0,

@@ -38,7 +38,8 @@ columns:
   tok/s             new tokens / wall time of each answer, the prompt's reading (prefill) and the first token
                     included; the median over --runs runs of every prompt
   tokens/round      tokens an answer gained per round: one forward of the model (transformers) or one trip
-                    around the ring that checks the drafts; above 1, drafts were accepted
+                    around the ring that checks the drafts (not counting rounds a verdict cancelled); above
+                    1, drafts were accepted
   accept            the share of drafted tokens the model accepted (accepted / drafted; - : nothing drafted)
   compute ms/round  measured compute per round: every member's forward, drafting that was not hidden behind
                     the previous round, and checking the drafts; the network's time is not in it
@@ -124,7 +125,8 @@ class Row:
         for s in self.runs:
             total.add(s)
         tps = statistics.median(s.tokens / s.seconds for s in self.runs if s.seconds)
-        tpr = total.tokens / total.rounds if total.rounds else 0.0
+        useful = total.rounds - total.cancelled  # (a round a verdict cancelled commits nothing, by design)
+        tpr = total.tokens / useful if useful else 0.0
         compute = total.compute_ms / total.rounds if total.rounds else 0.0
         rtt = self.rtt_ms if self.mode.startswith("ring") else 0.0  # one process: no network in its rounds
         ceiling = tpr / ((rtt + compute) / 1e3) if rtt + compute > 0 else None

@@ -24,7 +24,8 @@ LEGEND = [
     ("(the line)", f"tok/s now after each round, the last {SPARK_POINTS} rounds, the newest on the right"),
     ("tokens/round", "tokens the answer gained per round, one trip around the ring (the host sends its drafted "
                      "guesses, every member runs its layers, the host checks the guesses): avg over the answer, and "
-                     "the last round's. Above 1 means guesses were right: several tokens for the time of one"),
+                     "the last round's (rounds a verdict cancelled not counted). Above 1 means guesses were right: "
+                     "several tokens for the time of one"),
     ("accepted", "the share of drafted tokens the model agreed with (accepted/drafted)"),
     ("K", "drafted tokens sent per round: avg and last. (tree N deep, M taken): the last round's guesses were a "
           "tree (second and third guesses where the draft was unsure, each with its own continuation) of N "
