@@ -26,7 +26,6 @@ from .membership import Member, Roster, downloading
 from .options import HostOptions
 from .plan import CONVERSATIONS, ModelSize, chunk_end, chunk_positions
 from .planning import Planner, Target
-from .kv import RoomError
 from .host_stage import HostStage
 from .return_link import ReturnLink
 from .ring_session import RingSession
@@ -295,8 +294,8 @@ class Host:
             s.restart(self.epoch, self.shard.new_session())
         if not self.shard.fits(committed + len(keep or []), len(ids)):
             s.lost()
-            raise RingError(f"the conversation has outgrown its room: {committed + len(ids):,} positions, and the "
-                            f"ring keeps {self.max_context:,} per conversation (--max-context)")
+            raise RingError(f"the conversation has outgrown its room: {committed + len(keep or []) + len(ids):,} "
+                            f"positions, and the ring keeps {self.max_context:,} per conversation (--max-context)")
         return Part(s, committed, ids, parents, n_logits, sent, keep, r)
 
     async def _rounds(self, rounds: list[Round]) -> None:
@@ -406,7 +405,7 @@ class Host:
         passes = [(p.s.cache, p.committed, torch.tensor([p.ids], dtype=torch.long), p.parents, p.keep) for p in parts]
         try:
             hs, (header, raw) = await self.stage.first(passes, bool(self.ring))
-        except ValueError as e:  # (RoomError is one) a frame the host's own stage cannot take: replayed
+        except ValueError as e:  # (peers/kv.py's RoomError is one) a frame its own stage cannot take: replayed
             raise RingError(str(e)) from None
         host_ms = (time.perf_counter() - t0) * 1e3
         if not self.ring:
