@@ -4,9 +4,10 @@ PipeDec, 2504.04104), so a slow link is not idle while a round crosses it.
 One tree of drafts lives across rounds. Its root is the answer's last committed token (the head); each node is a
 draft below it with its chance of being reached (the drafter's probability of it given its parent, times its
 parent's chance). A round carries nodes not sent yet. With nothing in flight it is a plain round: the tokens the
-ring lacks and a tree under the head. While rounds are in flight, the next one grows the tree where they are
-likeliest to end: under a leaf (the bet that the path to it is accepted in full), and under an inner node beside
-the child already drafted there (the draft's next guess: a hedge for a rejection there). Betting on full
+ring lacks and a tree under the head. While rounds are in flight, the next one is a hedge for the place they are
+likeliest to stop without a child for the target's token: under a leaf (the bet that the path to it is accepted
+in full), or beside the child already drafted at an inner node (the draft's next guess there), with the tree
+under it, so that a hedge that is needed carries the answer on as a plain round would. Betting on full
 acceptance alone gains little, since rejections cost a round trip each as before; a hedge that covers a
 rejection keeps the round it is in useful.
 
