@@ -26,6 +26,7 @@ from .shard import Shard
 log = logging.getLogger("sfchat.peer")
 SESSION_IDLE_S = 600.0
 READ_AHEAD = 64  # frames queued behind the one computing
+CANCELS_KEPT = 1024
 
 
 class DataPlane:
@@ -35,7 +36,8 @@ class DataPlane:
         # conversations the host ended: a frame of theirs still on its way (the drop on the control link overtook
         # it) must not bring their caches back
         self.dropped: deque[str] = deque(maxlen=256)
-        self.cancelled: deque[tuple[str, int]] = deque(maxlen=1024)  # (sid, seq): segments the host cancelled
+        # (sid, seq): segments the host cancelled, the last CANCELS_KEPT of them (a dict: looked up per segment)
+        self.cancelled: dict[tuple[str, int], None] = {}
         self.unfinished = 0  # frames read and not yet computed
         self.next: Channel | None = None
         self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
@@ -110,7 +112,9 @@ class DataPlane:
 
     async def _cancel(self, msg: dict) -> None:
         """Segments the host cancelled: remembered, and told to the next hop before anything queued here goes."""
-        self.cancelled.extend(validate.cancel(msg))
+        self.cancelled.update(dict.fromkeys(validate.cancel(msg)))
+        for old in list(self.cancelled)[: max(len(self.cancelled) - CANCELS_KEPT, 0)]:
+            del self.cancelled[old]
         try:
             await self._send_next(msg)
         except ChannelClosed as e:  # (a frame that finds the next hop gone says so)
