@@ -65,7 +65,8 @@ def main(path: str) -> None:
             points[name] += [(int(k[2:]), ms) for k, ms in by_size.items()]
     stages = [fit(p) for p in points.values()]
     print("stage costs (ms):", ", ".join(f"{n} {f:.0f} + {g:.1f}/position" for n, (f, g) in zip(points, stages)))
-    print("| RTT ms | draft | --in-flight | measured tok/s | model, one at a time | ceiling in flight | ceiling / one |")
+    print("| RTT ms | draft | --in-flight | measured tok/s | model, one at a time | ceiling in flight "
+          "| ceiling / one |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         m = re.fullmatch(r"simulated acceptance ([\d.]+)(?:, second guess ([\d.]+))?", r.get("draft") or "")
