@@ -21,7 +21,7 @@ from peers.drafting import Drafter, make_drafter
 from peers.host import Host
 from peers.options import HostOptions
 from peers.sampling import SamplingParams
-from sfchat.local import LocalPeers
+from forked_peers import ForkedLocalPeers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,7 +106,7 @@ def quiet_host(model, **opts) -> Host:
     return Host(HostOptions(str(model), **opts), say=lambda *a: None)
 
 
-async def fail_if_a_peer_exits(lp: LocalPeers) -> None:
+async def fail_if_a_peer_exits(lp: ForkedLocalPeers) -> None:
     while True:
         lp.check()
         await trio.sleep(0.2)
@@ -114,13 +114,13 @@ async def fail_if_a_peer_exits(lp: LocalPeers) -> None:
 
 @asynccontextmanager
 async def running_ring(model, n_peers: int, *, extra: list[str] | None = None, plan: bool = True, **host_kw):
-    """A Host in this process and n real peer processes on loopback, planned (unless not `plan`: then the test
+    """A Host in this process and n real peer processes on loopback (forked from tests/peer_zygote.py), planned (unless not `plan`: then the test
     plans); torn down after, where a healthy ring must still hold every layer once."""
     host = quiet_host(model, **host_kw)
     async with trio.open_nursery() as nursery:
         await nursery.start(host.serve)
         addr = host.relay_address or host.address
-        with LocalPeers(n_peers, addr, host.token, model=str(model), extra=extra) as lp:
+        with ForkedLocalPeers(n_peers, addr, host.token, model=str(model), extra=extra) as lp:
             try:
                 if n_peers:
                     try:
