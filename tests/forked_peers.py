@@ -66,7 +66,10 @@ class ForkedPeer:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # it ended since (the zygote reaps its children as they end), as Popen allows
+                pass
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
