@@ -123,8 +123,8 @@ async def running_ring(model, n_peers: int, *, extra: list[str] | None = None, p
     async with trio.open_nursery() as nursery:
         await nursery.start(host.serve)
         addr = host.relay_address or host.address
-        peers = LocalPeers if fresh else ForkedLocalPeers
-        with peers(n_peers, addr, host.token, model=str(model), extra=extra) as lp:
+        start_peers = LocalPeers if fresh else ForkedLocalPeers
+        with start_peers(n_peers, addr, host.token, model=str(model), extra=extra) as lp:
             try:
                 if n_peers:
                     try:
