@@ -78,9 +78,12 @@ class LocalPeers:
             path = logs / f"local-peer-{os.getpid()}-{i + 1}.log"
             self.log_paths.append(path)
             pin = {CORES_ENV: ",".join(map(str, cores[i]))} if i < len(cores) else {}
-            with open(path, "w") as log:
-                self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL, env=env | pin))
+            self.procs.append(self.start(cmd, path, env | pin))
+
+    def start(self, cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+        """Peer process `cmd`, its output into `log`."""
+        with open(log, "w") as out:
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
     def check(self) -> None:
         for i, p in enumerate(self.procs):

@@ -28,6 +28,18 @@ def private_dirs(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def forked_local_peers():
+    """Rings brought up in this process by `sfchat ask`'s own open_ring (SharedRing, the app's tests) fork their
+    local peers from a process that has imported torch once (tests/forked_peers.py), as running_ring does."""
+    import sfchat.runtime
+    from forked_peers import ForkedLocalPeers
+
+    fresh, sfchat.runtime.LocalPeers = sfchat.runtime.LocalPeers, ForkedLocalPeers
+    yield
+    sfchat.runtime.LocalPeers = fresh
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
     from tiny import make_model

@@ -21,6 +21,7 @@ from peers.drafting import Drafter, make_drafter
 from peers.host import Host
 from peers.options import HostOptions
 from peers.sampling import SamplingParams
+from forked_peers import ForkedLocalPeers
 from sfchat.local import LocalPeers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,14 +114,17 @@ async def fail_if_a_peer_exits(lp: LocalPeers) -> None:
 
 
 @asynccontextmanager
-async def running_ring(model, n_peers: int, *, extra: list[str] | None = None, plan: bool = True, **host_kw):
-    """A Host in this process and n real peer processes on loopback, planned (unless not `plan`: then the test
+async def running_ring(model, n_peers: int, *, extra: list[str] | None = None, plan: bool = True,
+                       fresh: bool = False, **host_kw):
+    """A Host in this process and n real peer processes on loopback (forked from tests/peer_zygote.py, or started
+    afresh as `sfchat ask --local-peers` starts them where `fresh`), planned (unless not `plan`: then the test
     plans); torn down after, where a healthy ring must still hold every layer once."""
     host = quiet_host(model, **host_kw)
     async with trio.open_nursery() as nursery:
         await nursery.start(host.serve)
         addr = host.relay_address or host.address
-        with LocalPeers(n_peers, addr, host.token, model=str(model), extra=extra) as lp:
+        start_peers = LocalPeers if fresh else ForkedLocalPeers
+        with start_peers(n_peers, addr, host.token, model=str(model), extra=extra) as lp:
             try:
                 if n_peers:
                     try:

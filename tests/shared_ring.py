@@ -58,3 +58,13 @@ class SharedRing:
         self._thread.join()
         if self._error is not None:
             raise self._error
+
+
+def ask_in_process(prompt: str, *args: str) -> dict:
+    """What `sfchat ask PROMPT --json ARGS` prints, on the ring ARGS bring up in this process, closed after: the
+    command less the start of an interpreter of its own (a test of the command itself runs it: helpers.ask_json)."""
+    ring = SharedRing(*args)
+    try:
+        return ring.ask(prompt, *args)
+    finally:
+        ring.close()

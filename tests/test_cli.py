@@ -186,7 +186,7 @@ def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):
     import trio
 
     async def main():
-        async with running_ring(tiny_llama, 1) as (host, lp):
+        async with running_ring(tiny_llama, 1, fresh=True) as (host, lp):  # its own command line, not a fork's
             argv = open(f"/proc/{lp.procs[0].pid}/cmdline", "rb").read().decode()
             assert host.token not in argv and "--token" not in argv
             assert len(host.ring) == 1  # it joined all the same

@@ -4,7 +4,8 @@ import os
 
 import trio
 
-from helpers import ask_json, running_ring
+from helpers import running_ring
+from shared_ring import ask_in_process
 
 
 def vm_rss(pid: int) -> int:
@@ -14,8 +15,8 @@ def vm_rss(pid: int) -> int:
 
 
 def test_ask_json_has_memory_per_member(tiny_llama):
-    got = ask_json("hello world", "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "4",
-                   "--draft", "none")
+    got = ask_in_process("hello world", "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "4",
+                         "--draft", "none")
     members = got["stats"]["members"]
     assert [m["name"] for m in members] == ["host", "local-a"], members
     for m in members:

@@ -4,7 +4,8 @@ import torch
 import trio
 from transformers import AutoModelForCausalLM
 
-from helpers import ask_json, check_logits_follow, reference_ids, running_ring
+from helpers import check_logits_follow, reference_ids, running_ring
+from shared_ring import ask_in_process
 
 
 # (Qwen2 and the other architectures through a host and two peer processes: tests/test_architectures.py)
@@ -12,8 +13,8 @@ from helpers import ask_json, check_logits_follow, reference_ids, running_ring
 def test_greedy_ids_match_transformers(peers, tiny_llama):
     prompt = "hello world, the quick brown fox"
     want = reference_ids(tiny_llama, prompt, 24)
-    got = ask_json(prompt, "--model", str(tiny_llama), "--local-peers", str(peers), "--max-new-tokens", "24",
-                   "--draft", "none")
+    got = ask_in_process(prompt, "--model", str(tiny_llama), "--local-peers", str(peers), "--max-new-tokens",
+                         "24", "--draft", "none")
     assert got["token_ids"] == want
     members = got["stats"]["members"]
     assert len(members) == peers + 1 and all(m["layers"] for m in members)
@@ -38,7 +39,7 @@ def test_a_sliding_window_model_rolls_back_exactly(sliding_qwen2, tiny_qwen2):
     tiny model, so most of its drafts are rejected."""
     prompt = "hello world, the quick brown fox"
     want = reference_ids(sliding_qwen2, prompt, 32)
-    got = ask_json(prompt, "--model", str(sliding_qwen2), "--local-peers", "1", "--max-new-tokens", "32",
-                   "--draft", str(tiny_qwen2), "--k", "3")
+    got = ask_in_process(prompt, "--model", str(sliding_qwen2), "--local-peers", "1", "--max-new-tokens", "32",
+                         "--draft", str(tiny_qwen2), "--k", "3")
     assert got["token_ids"] == want
     assert got["stats"]["accepted"] < got["stats"]["drafted"]  # rejected drafts: rolled back

@@ -6,7 +6,8 @@ import pytest
 import trio
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import answer, ask_json, reference_ids
+from helpers import answer, reference_ids
+from shared_ring import ask_in_process
 from peers.adaptive import EXPLORE_EVERY, KPolicy, best_k, expected_tokens
 from peers.chat import load_tokenizer
 from peers.drafting import ModelDrafter, NgramDrafter, lookup, make_drafter
@@ -230,8 +231,9 @@ def test_the_likeliest_drafts_are_chosen_by_what_passes_of_each_size_cost():
 
 
 def test_ask_json_reports_speculation(tiny_llama):
-    got = ask_json(PROMPT, "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "20",
-                   "--draft", str(tiny_llama), "--k", "4", "--in-flight", "1")  # (each round's drafts, as drafted)
+    got = ask_in_process(PROMPT, "--model", str(tiny_llama), "--local-peers", "1", "--max-new-tokens", "20",
+                         "--draft", str(tiny_llama), "--k", "4",
+                         "--in-flight", "1")  # (each round's drafts, as drafted)
     s = got["stats"]
     assert got["token_ids"] == reference_ids(tiny_llama, PROMPT, 20)
     assert s["tokens_per_round"] > 3 and s["acceptance"] == 1.0
