@@ -9,6 +9,8 @@ segments are skipped (peers/shard.py skip: laid out, not computed, no rows) when
 """
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import logging
 import time
 from collections import deque
@@ -27,6 +29,7 @@ log = logging.getLogger("sfchat.peer")
 SESSION_IDLE_S = 600.0
 READ_AHEAD = 64  # frames queued behind the one computing
 CANCELS_KEPT = 1024
+REWIRE_WAIT_S = 10.0  # how long a frame waits for this member's next hop while an assign wires it
 
 
 class DataPlane:
@@ -40,6 +43,8 @@ class DataPlane:
         self.cancelled: dict[tuple[str, int], None] = {}
         self.unfinished = 0  # frames read and not yet computed
         self.next: Channel | None = None
+        # set while `next` is wired; an assign clears it from closing the old hop to dialling the new one
+        self.wired = trio.Event()
         self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
         # a GPU member's hop buffers, reused: a frame lands in one when none is waiting or computing (it is on the
         # device before the next lands there), and its result leaves from the other before the next pass runs
@@ -212,9 +217,23 @@ class DataPlane:
                                "error": error, **({"oom": True, "member": self.peer.member_id} if oom else {})})
 
     async def _send_next(self, msg: dict) -> None:
+        """On to the next hop; while an assign is wiring it (or before the first), a frame waits for it rather
+        than fail: the link it came on is the previous hop's, and closing that would lose every frame after it."""
+        with trio.move_on_after(REWIRE_WAIT_S):
+            await self.wired.wait()
         if self.next is None:
             raise ChannelClosed("no next hop yet")
         await self.next.send(msg)
+
+    @asynccontextmanager
+    async def rewiring(self):
+        """An assign's change of next hop: frames to send wait until it is done (or has failed)."""
+        if self.wired.is_set():
+            self.wired = trio.Event()
+        try:
+            yield
+        finally:
+            self.wired.set()
 
     def _gc_sessions(self) -> None:
         now = time.monotonic()

@@ -183,14 +183,15 @@ class Peer:
             log.exception("loading layers %s failed", span)
             raise CannotServe(f"cannot load layers {span} of {spec}: {type(e).__name__}: {e}") from None
         self.data.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
-        if self.data.next is not None:
-            await self.data.next.aclose()
-        nxt = validate.need(msg, "next", str)
-        if nxt == "@host":  # the last member returns to the host at the address it reached it by
-            nxt = links.host_return(self.host_addr, validate.need(msg, 'host_port', int, 1))
-        stream = await TLSEndpoint.dial(await links.dial(nxt), msg.get("next_tls") or None)
-        self.data.next = Channel(stream, f"next {nxt}")
-        await client_handshake(self.data.next, self.token, "data")
+        async with self.data.rewiring():
+            if self.data.next is not None:
+                await self.data.next.aclose()
+            nxt = validate.need(msg, "next", str)
+            if nxt == "@host":  # the last member returns to the host at the address it reached it by
+                nxt = links.host_return(self.host_addr, validate.need(msg, 'host_port', int, 1))
+            stream = await TLSEndpoint.dial(await links.dial(nxt), msg.get("next_tls") or None)
+            self.data.next = Channel(stream, f"next {nxt}")
+            await client_handshake(self.data.next, self.token, "data")
         self.epoch = epoch
         self._changed(state="ready", next_hop=nxt, sessions=0)
 
