@@ -9,11 +9,10 @@ segments are skipped (peers/shard.py skip: laid out, not computed, no rows) when
 """
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-
 import logging
 import time
 from collections import deque
+from contextlib import asynccontextmanager
 
 import torch
 import trio
@@ -118,8 +117,8 @@ class DataPlane:
     async def _cancel(self, msg: dict) -> None:
         """Segments the host cancelled: remembered, and told to the next hop before anything queued here goes."""
         self.cancelled.update(dict.fromkeys(validate.cancel(msg)))
-        for old in list(self.cancelled)[: max(len(self.cancelled) - CANCELS_KEPT, 0)]:
-            del self.cancelled[old]
+        while len(self.cancelled) > CANCELS_KEPT:  # the oldest go (a dict keeps its order)
+            del self.cancelled[next(iter(self.cancelled))]
         try:
             await self._send_next(msg)
         except ChannelClosed as e:  # (a frame that finds the next hop gone says so)
