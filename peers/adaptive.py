@@ -45,19 +45,19 @@ for the time it adds to everyone's round, not only to its own conversation's. Wh
 how many the pass already carries (the other conversations' too: a fifth row costs less than a second), so the
 line and the table of pass costs are over the pass's positions, all conversations' together.
 
-Rounds in flight (peers/in_flight.py). A round alone on the ring takes trip_ms, link_ms of it on the links, and
-its busiest stage is busy busiest_ms; while it crosses the links that stage can compute link_ms / busiest_ms more
+Rounds in flight (peers/in_flight.py). A round alone on the ring takes trip_ms, link_ms of it on the links, and its
+busiest stage is busy busiest_ms; while it crosses the links that stage can compute link_ms / busiest_ms more
 rounds (beyond that they queue there), so an answer keeps one and that many more in flight (at most
 AUTO_IN_FLIGHT); where that rounds to none (a link that costs less than a stage's pass), or the link is shorter
 than FLY_LINK_MS, answers go in the plain rounds above. A round sent while others are in flight is a hedge for one
 place where they may stop: the draft's next guess there and the tree under it. Where it is needed (its chance P),
-it saves the round trip a round sent after the verdict would take (trip_ms); it costs what its positions add to
-the busiest stage (position_ms each, in the answer's way only when that stage is busy). So a hedge goes where
-P * trip_ms >= position_ms, with no more nodes than the last plain round had, so that hedges never make a stage
-slower than plain rounds do. Both times are measured on rounds that had the ring to themselves (a round queued behind others says nothing of its
-own costs). Whether that pays is measured too, as the tokens an answer commits per ms of wall time with rounds
-in flight and one at a time: where flying is slower, rounds go one at a time but for one stretch in four, which
-measures it again.
+it saves the round trip a round sent after the verdict would take (trip_ms); it costs what its positions add to the
+busiest stage (position_ms each, in the answer's way only when that stage is busy). So a hedge goes where P *
+trip_ms >= position_ms, with no more nodes than the last plain round had, so that hedges never make a stage slower
+than plain rounds do. Both times are measured on rounds that had the ring to themselves (a round queued behind
+others says nothing of its own costs). Whether that pays is measured too, as the tokens an answer commits per ms of
+wall time with rounds in flight and one at a time: where flying is slower, rounds go one at a time but for one
+stretch in four, which measures it again.
 """
 from __future__ import annotations
 
