@@ -1,7 +1,7 @@
 """Would one batched forward for several conversations' rounds pay on this machine? The embedded target, each
 conversation with `--context` positions cached and a round of `--positions` new ones: B forwards of one
 conversation each against one forward of B conversations at once (equal lengths: the best case for batching,
-before any padding of unequal caches). Its linear layers compute as a CPU shard's do (peers/cpu_linear.py).
+before any padding of unequal caches). Its linear layers compute as a CPU shard's do (peers/compute/cpu_linear.py).
 
     python scripts/batch_cost.py [--conversations 1,2,4,8] [--positions 3] [--context 300]
 """
@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM, DynamicCache
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pass_cost import median_ms  # noqa: E402  (also puts the repository on the path)
 
-from peers.cpu_linear import use_columns  # noqa: E402
-from peers.locations import models_dir  # noqa: E402
-from peers.models import DEFAULT_MODEL  # noqa: E402
+from peers.compute.cpu_linear import use_columns  # noqa: E402
+from peers.base.locations import models_dir  # noqa: E402
+from peers.models.source import DEFAULT_MODEL  # noqa: E402
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from peers import links  # noqa: E402
+from peers.links import dial as links  # noqa: E402
 
 
 async def echo(stream) -> None:

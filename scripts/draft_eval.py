@@ -7,7 +7,7 @@ One in-process host holding the whole model (no peers, no network: this measures
 the host's own choice as it would make it over a link of --rtt-ms (default 86, ShardFlow's): the policy is told
 each round took that much longer than it did here; 0 gives the choice for a ring with no round trip, where on a
 CPU each drafted token's verification costs a good part of a target forward and K stays small. A draft that knows
-its confidence drafts a tree in greedy rounds (peers/tree.py): K is then the tree's size, and acceptance the share
+its confidence drafts a tree in greedy rounds (peers/speculation/tree.py): K is then the tree's size, and acceptance the share
 of its nodes accepted (of siblings at most one can be); `--chain` drafts chains instead.
 Each prompt is answered greedily twice, with the draft and with none; the answers must be identical (a draft
 only changes speed), and the draft-less run's rounds give the cost of one target forward (one token).
@@ -29,11 +29,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peers.adaptive import LinkPolicy  # noqa: E402
-from peers.chat import Chat  # noqa: E402
-from peers.drafting import Drafter  # noqa: E402
-from peers.options import HostOptions  # noqa: E402
-from peers.sampling import SamplingParams  # noqa: E402
+from peers.speculation.adaptive import LinkPolicy  # noqa: E402
+from peers.conversation.chat import Chat  # noqa: E402
+from peers.speculation.drafting import Drafter  # noqa: E402
+from peers.base.options import HostOptions  # noqa: E402
+from peers.speculation.sampling import SamplingParams  # noqa: E402
 from sfchat.options import RingOptions  # noqa: E402
 from sfchat.runtime import new_drafter, open_ring  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Replay a distilled draft offline on the target's own greedy answers: how sure it is against how often it is
 right (and the temperature SHARPEN that calibrates it), how copying and the draft compare, and how many tokens a
-round would commit with a fixed K, with the confidence floor of peers/adaptive.py as a chain, or as a tree.
+round would commit with a fixed K, with the confidence floor of peers/speculation/adaptive.py as a chain, or as a tree.
 
     python scripts/draft_replay.py [--draft D] [--prompts eval|heldout] [--json OUT]
 
@@ -27,13 +27,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draft_eval import PROMPTS  # noqa: E402
-from peers.drafting import feature, shipped_draft  # noqa: E402
+from peers.speculation.drafting import feature, shipped_draft  # noqa: E402
 from peers.distill import chat_prompts  # noqa: E402
-from peers.drafting import lookup  # noqa: E402
-from peers.locations import models_dir  # noqa: E402
-from peers.models import DEFAULT_MODEL  # noqa: E402
-from peers.sampling import SamplingParams  # noqa: E402
-from peers.tree import MAX_NODES  # noqa: E402
+from peers.speculation.drafting import lookup  # noqa: E402
+from peers.base.locations import models_dir  # noqa: E402
+from peers.models.source import DEFAULT_MODEL  # noqa: E402
+from peers.speculation.sampling import SamplingParams  # noqa: E402
+from peers.base.limits import MAX_NODES  # noqa: E402
 
 FLOORS = (0.05, 0.08, 0.12, 0.2)
 DEPTH = 12

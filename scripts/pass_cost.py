@@ -1,6 +1,6 @@
 """What a forward pass of the embedded target costs by the number of positions it carries, in one process, and
 what its LM head's product (the largest matrix) costs by the number of rows, as F.linear computes it (x @ W^T) and
-as a CPU shard does (W @ x^T, peers/cpu_linear.py). The cost is no straight line in the positions, which is why
+as a CPU shard does (W @ x^T, peers/compute/cpu_linear.py). The cost is no straight line in the positions, which is why
 the host measures each size of pass instead of fitting one.
 
     python scripts/pass_cost.py [--max-positions N] [--context N] [--threads N] [--cpu-time]
@@ -19,10 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peers.locations import models_dir  # noqa: E402
-from peers.models import DEFAULT_MODEL  # noqa: E402
-from peers.cpu_linear import use_columns  # noqa: E402
-from peers.shard import Shard, Span, load_config  # noqa: E402
+from peers.base.locations import models_dir  # noqa: E402
+from peers.models.source import DEFAULT_MODEL  # noqa: E402
+from peers.compute.cpu_linear import use_columns  # noqa: E402
+from peers.compute.shard import Shard, Span, load_config  # noqa: E402
 
 
 CLOCK = time.perf_counter

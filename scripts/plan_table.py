@@ -1,4 +1,4 @@
-"""Memory per member for Qwen2.5-7B and -14B as peers/plan.py computes it (the README's GPUs table).
+"""Memory per member for Qwen2.5-7B and -14B as peers/plan/layers.py computes it (the README's GPUs table).
 
 `python scripts/plan_table.py [--context 8192]`: for rings of 1, 2 and 4 processes with plenty offered each, the
 layers and bytes each process holds in bfloat16 and NF4, and the least memory that ring needs in all.
@@ -10,8 +10,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from tiny import qwen2_shapes  # noqa: E402
 
-from peers.plan import (ModelSize, Offer, host_bytes, layer_bytes, pass_bytes, plan, ring_bytes,  # noqa: E402
-                        size)
+from peers.plan.layers import ModelSize, Offer, host_bytes, layer_bytes, pass_bytes, plan, ring_bytes
+from peers.base.limits import size
 
 MODELS = {  # name: layers, hidden, intermediate, heads, kv heads, vocab (their config.json)
     "Qwen2.5-7B": (28, 3584, 18944, 28, 4, 152064),

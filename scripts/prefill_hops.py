@@ -91,8 +91,8 @@ async def measure(model: Path, peers: int, a) -> float:
     """Median seconds of --repeats prefills through the host and `peers` local peers (after one short one)."""
     import trio
 
-    from peers.host import Host
-    from peers.options import HostOptions
+    from peers.host.host import Host
+    from peers.base.options import HostOptions
     from sfchat.local import LocalPeers
 
     share = 1.0 + 1.2 * a.layers / (peers + 1)  # GB each: an even split of the layers, room for the context

@@ -18,11 +18,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peers.adaptive import KPolicy  # noqa: E402
-from peers.chat import render  # noqa: E402
-from peers.generate import generate  # noqa: E402
-from peers.options import HostOptions  # noqa: E402
-from peers.sampling import SamplingParams  # noqa: E402
+from peers.speculation.adaptive import KPolicy  # noqa: E402
+from peers.conversation.chat import render  # noqa: E402
+from peers.speculation.generate import generate  # noqa: E402
+from peers.base.options import HostOptions  # noqa: E402
+from peers.speculation.sampling import SamplingParams  # noqa: E402
 from sfchat.bench import DEFAULT_PROMPTS  # noqa: E402
 from sfchat.options import RingOptions  # noqa: E402
 from sfchat.runtime import new_drafter, open_ring  # noqa: E402

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from peers.adaptive import KPolicy
-from peers.chat import Chat
+from peers import KPolicy
+from peers import Chat
 
 from .options import AnswerOptions, RingOptions
 from .runtime import Ring, new_drafter, open_ring, say

@@ -175,7 +175,7 @@ class ForwardTimer:
     device's queue is drained at both ends, so the time is the kernels' and not their launch."""
 
     def __init__(self, model, device: str = "cpu"):
-        from peers import device as dev
+        from peers.compute import device as dev
 
         self.calls, self.ms, self._t0 = 0, 0.0, 0.0
         self.finish = (lambda: dev.finish(device)) if device.startswith("cuda") else (lambda: None)
@@ -241,8 +241,8 @@ class Baseline:
 def load_baseline(args, model_dir, tokenizer) -> Baseline:
     from transformers import AutoModelForCausalLM
 
-    from peers.memory import default_device, pick_dtype
-    from peers.tensors import DTYPES
+    from peers import default_device, pick_dtype
+    from peers import DTYPES
 
     device = args.device or default_device()
     dt = DTYPES[pick_dtype(args.dtype, str(device))]
@@ -256,7 +256,7 @@ def assisted(args, base: Baseline) -> tuple[dict, str]:
     from transformers import AutoModelForCausalLM
 
     from peers import models
-    from peers.drafting import is_distilled
+    from peers import is_distilled
 
     if args.draft in (None, "", "auto", "ngram") or is_distilled(models.resolve(args.draft)):
         # transformers cannot run a draft that reads the target's features: it gets prompt lookup instead
@@ -270,7 +270,7 @@ def timed_generate(base: Baseline, ids, kw: dict, max_new: int) -> Sample:
     """One greedy generate, timed end to end, its rounds and compute counted."""
     import torch
 
-    from peers import device as dev
+    from peers.compute import device as dev
 
     timers = [ForwardTimer(m, base.device) for m in (base.model, base.assistant)
               if m is not None and (m is base.model or kw)]
@@ -295,7 +295,7 @@ def transformers_rows(args, model_dir, tokenizer, prompts: list[str], modes: lis
     """The transformers modes' rows, each handed to `done` as it ends (a failed one with its error)."""
     import torch
 
-    from peers.chat import render
+    from peers import render
 
     modes = [m for m in modes if m.startswith("transformers")]
     try:
@@ -331,7 +331,7 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
                     cores: dict | None = None) -> None:
     """The ring's rows at one RTT, each handed to `done` as it ends; a ring that does not come up fails them all.
     `cores` (--pin): each process's cores, the host's and each local member's by name."""
-    from peers.options import HostOptions
+    from peers import HostOptions
 
     from .options import RingOptions
     from .runtime import open_ring
@@ -359,7 +359,7 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
 def ring_modes(draft: str | None, modes: list[str], in_flight: list[int | None]) -> list[tuple]:
     """(mode, what drafts, its --in-flight) for each ring row: ring-spec once per simulated acceptance and, for
     each, once per --in-flight value ("auto" or N); ring (nothing drafted, so nothing to send ahead) once."""
-    from peers.drafting.simulated import parse_simulated
+    from peers import parse_simulated
 
     out = []
     for mode in [m for m in modes if m.startswith("ring")]:
@@ -383,9 +383,9 @@ _references: dict[tuple, list[int]] = {}  # (model, prompt, max new tokens) -> t
 async def ring_drafter(args, ring, spec: str | None, prompts: list[str]):
     """What a row drafts with: nothing, --draft, or a simulated draft over the plain greedy answers (one plain
     run per prompt, whatever the RTT: the answer is the same on every ring)."""
-    from peers.drafting import Drafter
-    from peers.drafting.simulated import SimulatedDrafter, parse_simulated
-    from peers.sampling import SamplingParams
+    from peers import Drafter
+    from peers import SimulatedDrafter, parse_simulated
+    from peers import SamplingParams
 
     from .runtime import new_drafter
 
@@ -404,7 +404,7 @@ async def ring_drafter(args, ring, spec: str | None, prompts: list[str]):
 
 def policy_for(args, in_flight: int | str | None = None):
     """The row's draft policy: --k, --tree-nodes, --no-trees, and its --in-flight (None or "auto": the policy's)."""
-    from peers.adaptive import KPolicy
+    from peers import KPolicy
 
     return KPolicy(pinned=args.k, tree_nodes=args.tree_nodes, trees=not args.no_trees,
                    in_flight=None if in_flight in (None, "auto") else in_flight)
@@ -413,7 +413,7 @@ def policy_for(args, in_flight: int | str | None = None):
 async def ring_reply(ring, prompt: str, drafter, policy, max_new: int, params):
     """One answer on a conversation of its own, whose caches are dropped after: its tokens (prompt and answer) and
     its result."""
-    from peers.chat import Chat
+    from peers import Chat
 
     chat = Chat(ring.host, ring.tokenizer, ring.eos)
     _, result = await chat.reply(prompt, drafter=drafter, params=params, policy=policy, max_new_tokens=max_new)
@@ -424,7 +424,7 @@ async def ring_reply(ring, prompt: str, drafter, policy, max_new: int, params):
 async def ring_row(args, ring, mode: str, spec: str | None, flight: int | str | None, rtt_ms: float,
                    prompts: list[str], advance, cores: dict | None = None) -> Row:
     """One ring row: warmed up, then --runs runs of every prompt; a failure is the row's error."""
-    from peers.sampling import SamplingParams
+    from peers import SamplingParams
 
     row, drafter = Row(mode, rtt_ms, in_flight=flight), None
     label = mode_cell(row.to_dict(), " ")
@@ -632,10 +632,10 @@ def print_tables(rows: list[dict], rtts: list[float], console) -> None:
 def draft_label(spec: str | None, model: str | None, model_dir) -> str:
     """What ring-spec drafts with: a default resolves to the shipped draft (embedded default target), a hub model's
     sibling or ngram (each row names the draft it used: a sibling that cannot be had leaves ngram)."""
-    from peers.drafting import shipped_draft
-    from peers.drafting.siblings import sibling_draft
-    from peers.drafting.simulated import parse_simulated, simulated_name
-    from peers.hub import parse
+    from peers import shipped_draft
+    from peers import sibling_draft
+    from peers import parse_simulated, simulated_name
+    from peers.models import parse_hub_id as parse
 
     if (acceptances := parse_simulated(spec)) is not None:
         return "; ".join(simulated_name(a, b) for a, b in acceptances)
@@ -659,7 +659,7 @@ class Plan:
 
 
 def bench_plan(args) -> Plan:
-    from peers.drafting.simulated import parse_simulated
+    from peers import parse_simulated
 
     rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
     clients = [int(x) for x in args.clients.split(",") if x.strip()] if args.clients else []
@@ -739,7 +739,7 @@ async def bench(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from peers import models
-    from peers.chat import load_tokenizer
+    from peers import load_tokenizer
 
     from . import bench_serve
 

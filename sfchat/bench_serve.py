@@ -69,7 +69,7 @@ async def clients_run(url: str, model: str, n: int, prompts: list[str], max_new:
 
 async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[str], advance,
                        local_cores: tuple = ()) -> list[dict]:
-    from peers.options import HostOptions
+    from peers import HostOptions
 
     from .options import RingOptions
     from .runtime import new_drafter, open_ring

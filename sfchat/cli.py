@@ -65,7 +65,7 @@ def offer_arg(p: argparse.ArgumentParser) -> None:
 
 
 def draft_word(text: str) -> str:
-    from peers.drafting.choose import SIMULATED
+    from peers import SIMULATED
 
     from .tui.commands import DRAFT_WORDS
 
@@ -259,7 +259,7 @@ def stderr(*a) -> None:
 
 def cmd_pull(args) -> int:
     if args.model in (None, models.DEFAULT_MODEL):
-        from peers.locations import models_dir
+        from peers import models_dir
 
         cached = models_dir() / models.DEFAULT_MODEL
         if models.is_model_dir(cached):

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from peers.channel import parse_addr
+from peers import parse_addr
 
 WILDCARDS = ("0.0.0.0", "::", "")
 SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's (primary) IPv4 address

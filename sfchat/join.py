@@ -8,10 +8,10 @@ import threading
 
 import trio
 
-from peers import links
-from peers.channel import ChannelClosed
-from peers.errors import CannotServe
-from peers.peer import Peer
+from peers import dial
+from peers import ChannelClosed
+from peers import CannotServe
+from peers import Peer
 
 from .options import JoinOptions
 
@@ -76,7 +76,7 @@ async def wait_for(address: str, every_s: float = 2.0) -> None:
     while True:
         await trio.sleep(every_s)
         try:
-            stream = await links.dial(address)
+            stream = await dial(address)
         except OSError:
             continue
         await stream.aclose()

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from peers.locations import cache_dir
+from peers import cache_dir
 
 from .pinning import CORES_ENV
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from peers.options import HostOptions, PeerOptions
-from peers.tls import check_pin
+from peers import HostOptions, PeerOptions
+from peers import check_pin
 
 from .settings import Settings
 
@@ -34,12 +34,12 @@ class AnswerOptions:
 
     def sampling(self):
         """The engine's own per-answer type (imported here, late: it brings torch)."""
-        from peers.sampling import SamplingParams
+        from peers import SamplingParams
 
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
     def pin(self, policy):
-        """The draft policy (peers/adaptive.py) with what these options pin: --k, --tree-nodes, --no-trees,
+        """The draft policy (peers/speculation/adaptive.py) with what these options pin: --k, --tree-nodes, --no-trees,
         --in-flight."""
         policy.pinned, policy.tree_nodes, policy.trees = self.k, self.tree_nodes, self.trees
         policy.in_flight = self.in_flight

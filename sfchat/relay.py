@@ -6,9 +6,9 @@ import sys
 
 import trio
 
-from peers.channel import parse_addr
-from peers.relay import Relay
-from peers.shaping import Shaping
+from peers import parse_addr
+from peers import Relay
+from peers import Shaping
 
 from .invite import program, reach
 

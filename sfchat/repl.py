@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import trio
 
-from peers.adaptive import KPolicy
-from peers.chat import Chat
-from peers.errors import RingError
+from peers import KPolicy
+from peers import Chat
+from peers import RingError
 
 from . import settings as settings_mod
 from . import invite, store
@@ -76,7 +76,7 @@ class RingWatch:
             before = self.states.get(m.id)
             if before is None:
                 self.lines.say(f"+ member {m.id} ({m.name}) joined from {m.data_addr} ({m.device})")
-            if m.state == "lost" and before != "lost" and m.left and not self.host.roster.closing:
+            if m.state == "lost" and before != "lost" and m.left and not self.host.closing:
                 self.lines.say(f"- member {m.id} ({m.name}) left" + ("; re-planning" if m.span and m.span.size else ""))
             self.states[m.id] = m.state
         if self.host.shard is not None:  # a re-plan that moved layers (not one that left them where they were)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import trio
 
-from peers.chat import eos_ids, load_tokenizer
-from peers.drafting import make_drafter
-from peers.errors import FitError
-from peers.host import Host
+from peers import eos_ids, load_tokenizer
+from peers import make_drafter
+from peers import FitError
+from peers import Host
 from sfchat import invite
 from sfchat.local import LocalPeers
 from sfchat.options import RingOptions
@@ -84,14 +84,11 @@ async def new_drafter(spec: str | None, ring: Ring, say=say):
     """The drafter `spec` names (--draft), for the ring's target model, in the host's dtype, loaded on a worker
     thread: a draft model takes seconds to load, and the host's event loop keeps its members' heartbeats going
     meanwhile. What its weights hold is counted in the host's plans from then on."""
-    from peers.memory import free_bytes
-    from peers.tensors import DTYPES
-
     host = ring.host
     hub_id = host.source.hub.repo_id if host.source.hub is not None else None
     drafter = await trio.to_thread.run_sync(lambda: make_drafter(
         spec, host.model_dir, host.config.vocab_size, ring.tokenizer, device=host.device, say=say,
-        dtype=DTYPES[host.dtype], hub_id=hub_id, room=free_bytes(host.device),
+        dtype=host.torch_dtype, hub_id=hub_id, room=host.free_bytes(),
         embedding=host.shard.embed.weight if host.shard is not None else None))
-    host.planner.drafter_bytes = getattr(drafter, "bytes", 0)
+    host.set_drafter_bytes(getattr(drafter, "bytes", 0))
     return drafter

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import tomli_w
 
-from peers.locations import config_dir
+from peers import config_dir
 
 from .store import write_atomic
 

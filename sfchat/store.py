@@ -8,7 +8,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from peers.locations import data_dir
+from peers import data_dir
 
 
 def write_atomic(path: Path, text: str) -> None:

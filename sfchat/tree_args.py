@@ -11,7 +11,7 @@ IN_FLIGHT_HELP = ("rounds of one conversation on the ring at once: 1 waits for e
 
 
 def tree_args(p: argparse.ArgumentParser) -> None:
-    from peers.plan import MAX_NODES
+    from peers import MAX_NODES
 
     p.add_argument("--tree-nodes", type=at_least(1, MAX_NODES), metavar="N",
                    help="pin the drafted positions a round: a tree of N nodes, or with --no-trees a chain of N "

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import trio
 
-from peers.auth import AuthError
-from peers.channel import ChannelClosed
-from peers.errors import ModelError, RingError
+from peers import AuthError
+from peers import ChannelClosed
+from peers import ModelError, RingError
 
 from .invite import program
 

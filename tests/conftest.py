@@ -62,7 +62,7 @@ def sliding_qwen2(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from peers import models
+    from peers.models import source as models
     return models.resolve("smollm2-135m", say=lambda *a: None)
 
 

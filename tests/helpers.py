@@ -15,12 +15,12 @@ import torch
 import trio
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from peers.adaptive import KPolicy
-from peers.chat import Chat, eos_ids, load_tokenizer
-from peers.drafting import Drafter, make_drafter
-from peers.host import Host
-from peers.options import HostOptions
-from peers.sampling import SamplingParams
+from peers.speculation.adaptive import KPolicy
+from peers.conversation.chat import Chat, eos_ids, load_tokenizer
+from peers.speculation.drafting import Drafter, make_drafter
+from peers.host.host import Host
+from peers.base.options import HostOptions
+from peers.speculation.sampling import SamplingParams
 from forked_peers import ForkedLocalPeers
 from sfchat.local import LocalPeers
 

@@ -16,7 +16,7 @@ import traceback
 import sfchat.cli  # noqa: F401 - what every child needs, imported once here
 import sfchat.join  # noqa: F401
 import sfchat.local
-import peers.peer  # noqa: F401
+import peers.member.peer  # noqa: F401
 
 codes: dict[int, int] = {}
 

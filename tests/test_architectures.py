@@ -8,10 +8,10 @@ import pytest
 import trio
 
 from helpers import cosine_to_float, greedy_reply, new_chat, reference_ids, running_ring, sfchat
-from peers.adaptive import KPolicy
-from peers.drafting import make_drafter
-from peers.memory import pick_dtype
-from peers.sampling import SamplingParams
+from peers.speculation.adaptive import KPolicy
+from peers.speculation.drafting import make_drafter
+from peers.compute.memory import pick_dtype
+from peers.speculation.sampling import SamplingParams
 from test_tree import OracleTrees, TreePolicy
 from tiny import ARCHS, make_model
 

@@ -1,4 +1,4 @@
-"""`--draft auto` on a hub model drafts with its family's smallest sibling (peers/drafting/siblings.py), fetched
+"""`--draft auto` on a hub model drafts with its family's smallest sibling (peers/speculation/drafting/siblings.py), fetched
 like the target from the hub stand-in, where tiny models of one tokenizer are published under the real names; a
 sibling that cannot be had leaves ngram, with one line saying why and how to choose."""
 import json
@@ -7,7 +7,7 @@ import pytest
 
 from helpers import reference_ids
 from hubstub import HubStub
-from peers.drafting.siblings import sibling_draft
+from peers.speculation.drafting.siblings import sibling_draft
 from test_hub import env_for, run
 from tiny import make_model
 

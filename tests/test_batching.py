@@ -1,4 +1,4 @@
-"""Many conversations in one pass (peers/batcher.py, peers/packed.py), on real rings of peer processes: each
+"""Many conversations in one pass (peers/host/batcher.py, peers/compute/packed.py), on real rings of peer processes: each
 conversation's greedy answer is token-identical to plain transformers whatever shares its passes (rounds of
 different K, trees, no draft), when one of them is cancelled mid-answer, and when a member is lost mid-batch."""
 from __future__ import annotations
@@ -8,13 +8,13 @@ import asyncio
 import trio
 
 from helpers import new_chat, reference_ids, running_ring
-from peers.adaptive import KPolicy
-from peers.batcher import Batcher, Round
-from peers.device import compute_id
-from peers.drafting import Drafter
-from peers.drafting.ngram import NgramDrafter
-from peers.drafting.simulated import SimulatedDrafter
-from peers.sampling import SamplingParams
+from peers.speculation.adaptive import KPolicy
+from peers.host.batcher import Batcher, Round
+from peers.compute.device import compute_id
+from peers.speculation.drafting import Drafter
+from peers.speculation.drafting.ngram import NgramDrafter
+from peers.speculation.drafting.simulated import SimulatedDrafter
+from peers.speculation.sampling import SamplingParams
 from test_tree import OracleTrees, TreePolicy
 
 PROMPTS = ["hello world", "the quick brown fox", "one two three four", "a b c d e f", "what is the capital",
@@ -175,7 +175,7 @@ def test_a_round_of_a_conversation_that_ended_is_answered_not_dropped(tiny_llama
     the ring's batch in flight, and every other conversation's rounds with it."""
     import pytest
 
-    from peers.errors import RingError
+    from peers.base.errors import RingError
 
     async def main():
         async with running_ring(tiny_llama, 1) as (host, _):

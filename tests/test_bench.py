@@ -57,8 +57,8 @@ def test_bench_help_explains_its_columns():
 def test_simulated_draft_keeps_each_token_with_its_probability():
     import pytest
 
-    from peers.drafting.simulated import SimulatedDrafter, parse_simulated
-    from peers.sampling import SamplingParams
+    from peers.speculation.drafting.simulated import SimulatedDrafter, parse_simulated
+    from peers.speculation.sampling import SamplingParams
 
     ref = list(range(10, 2010))
     d = SimulatedDrafter(0.6, 5000, [ref])
@@ -77,8 +77,8 @@ def test_simulated_draft_keeps_each_token_with_its_probability():
 
 
 def test_a_simulated_second_guess_is_right_with_its_probability_where_the_first_is_wrong():
-    from peers.drafting.simulated import SimulatedDrafter
-    from peers.sampling import SamplingParams
+    from peers.speculation.drafting.simulated import SimulatedDrafter
+    from peers.speculation.sampling import SamplingParams
 
     ref = list(range(10, 2010))
     chain = SimulatedDrafter(0.6, 5000, [ref])

@@ -1,4 +1,4 @@
-"""Rounds in flight on the wire (peers/passes.py): members that run in this process, so that a test can hold one's
+"""Rounds in flight on the wire (peers/member/passes.py): members that run in this process, so that a test can hold one's
 compute while frames queue behind it. A segment with `keep` goes round exactly; one whose keep this member cannot
 honour fails alone; a cancel goes round the ring at once (the host ignores it) and the segment it names, queued
 behind a pass, comes back skipped with no rows while every member's columns advance as if it had been computed."""
@@ -7,9 +7,9 @@ import trio
 from transformers import AutoModelForCausalLM
 
 from helpers import running_ring
-from peers import tensors, validate
-from peers.options import PeerOptions
-from peers.peer import Peer
+from peers.wire import tensors, schema as validate
+from peers.base.options import PeerOptions
+from peers.member.peer import Peer
 
 PX = [5, 17, 42, 99, 7, 3, 120, 64, 11]
 PY = [250, 33, 8, 19, 140]

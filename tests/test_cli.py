@@ -14,10 +14,10 @@ import time
 import pytest
 
 from helpers import ROOT, child_env, free_port, new_chat, reference_ids, running_ring, sfchat, wait_for_line
-from peers.adaptive import KPolicy
-from peers.context import ContextError
-from peers.drafting import Drafter
-from peers.sampling import SamplingParams
+from peers.speculation.adaptive import KPolicy
+from peers.conversation.context import ContextError
+from peers.speculation.drafting import Drafter
+from peers.speculation.sampling import SamplingParams
 from sfchat import __version__
 from sfchat.cli import parser
 
@@ -283,7 +283,7 @@ def test_a_stay_joiner_stopped_past_the_heartbeat_limit_joins_again(tiny_llama, 
                         await trio.sleep(0.2)
                 await trio.sleep(2)  # pings queue up on a link the host has closed
                 joiner.send_signal(signal.SIGCONT)
-                with trio.fail_after(60):  # the same process joins again (under its number: peers/membership.py)
+                with trio.fail_after(60):  # the same process joins again (under its number: peers/plan/roster.py)
                     while not [m for m in host.members if m.state not in ("lost", "left")]:
                         assert joiner.poll() is None, log.read_text()
                         await trio.sleep(0.2)

@@ -8,11 +8,11 @@ import trio
 import trio.testing
 
 from helpers import greedy_reply, running_ring
-from peers.chat import eos_ids, load_tokenizer
-from peers.adaptive import KPolicy
-from peers.drafting import Drafter
-from peers.pass_gate import PassGate
-from peers.sampling import SamplingParams
+from peers.conversation.chat import eos_ids, load_tokenizer
+from peers.speculation.adaptive import KPolicy
+from peers.speculation.drafting import Drafter
+from peers.plan.gate import PassGate
+from peers.speculation.sampling import SamplingParams
 from sfchat.serve.conversations import Conversations
 from sfchat.serve.errors import ApiError
 
@@ -114,7 +114,7 @@ def test_a_long_prompt_takes_turns_with_an_answer_under_way(tiny_llama):
     """A short answer under way when a long prompt arrives ends before that prompt's prefill does: the prompt goes
     in chunks, each followed by a round of the answer, and its own answer is what it is alone."""
     from helpers import new_chat
-    from peers.turns import SHARED_CHUNK
+    from peers.host.turns import SHARED_CHUNK
 
     long_prompt = "the quick brown fox jumps over the lazy dog " * 13  # about 420 tokens here
     short_new = 4

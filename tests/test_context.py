@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peers.context import ContextError, fit
+from peers.conversation.context import ContextError, fit
 
 
 def render(messages):  # 100 tokens a message, like a template would give

@@ -1,11 +1,11 @@
-"""The control protocol's state machine (peers/control.py) over two real Channels joined in memory."""
+"""The control protocol's state machine (peers/links/control.py) over two real Channels joined in memory."""
 import pytest
 import trio
 import trio.testing
 
-from peers.channel import Channel, ChannelClosed
-from peers.control import ControlLink
-from peers.wire import WireError
+from peers.links.channel import Channel, ChannelClosed
+from peers.links.control import ControlLink
+from peers.wire.codec import WireError
 
 
 def follows(side: str, sent: list[dict], handled: tuple[str, ...]) -> tuple[str, list[str]]:

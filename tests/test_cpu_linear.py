@@ -1,12 +1,12 @@
-"""A CPU's big float32 linear layers computed as W @ x^T (peers/cpu_linear.py): the same products as F.linear on
+"""A CPU's big float32 linear layers computed as W @ x^T (peers/compute/cpu_linear.py): the same products as F.linear on
 every shape a pass gives them, and only where they apply."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from peers.cpu_linear import BIG, ColumnsLinear, use_columns
-from peers.plan import Span
-from peers.shard import Shard
+from peers.compute.cpu_linear import BIG, ColumnsLinear, use_columns
+from peers.base.span import Span
+from peers.compute.shard import Shard
 from tiny import make_model, one
 
 IN = 64

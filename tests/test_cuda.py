@@ -8,8 +8,8 @@ import trio
 from transformers import AutoModelForCausalLM
 
 from helpers import running_ring
-from peers.plan import GRAPH_BUCKETS
-from peers.shard import Shard, Span
+from peers.base.limits import GRAPH_BUCKETS
+from peers.compute.shard import Shard, Span
 from tiny import ARCHS, make_model, one
 
 pytestmark = pytest.mark.cuda
@@ -108,7 +108,7 @@ def test_packed_passes_replay_graphs_of_each_batch_shape(tmp_path):
 def test_a_capture_that_fails_warns_once_and_answers_as_eager(tmp_path, monkeypatch, caplog):
     import logging
 
-    from peers.runtime import RUNTIME
+    from peers.compute.runtime import RUNTIME
 
     model = make_model(tmp_path / "llama", "llama", layers=2, seed=4)
     graphed = Shard(model, Span(0, 2, 2), embed=True, head=True, device="cuda")
@@ -151,8 +151,8 @@ def test_model_drafts_on_the_gpu_propose_as_on_the_cpu(tiny_llama):
     threads as trio's workers do; nothing is compiled."""
     import threading
 
-    from peers.drafting import ModelDrafter
-    from peers.sampling import SamplingParams
+    from peers.speculation.drafting import ModelDrafter
+    from peers.speculation.sampling import SamplingParams
 
     def on_a_thread(fn, *a):
         out = {}

@@ -11,15 +11,16 @@ import trio
 from safetensors.torch import load_file
 
 from helpers import ROOT, answer, child_env, reference_ids
-from peers.adaptive import LinkPolicy
-from peers.chat import load_tokenizer
-from peers.drafting import FeatureDrafter, shipped_draft
-from peers.drafting.feature import COPY_WEIGHT
-from peers.drafting.feature_net import target_head
+from peers.speculation.adaptive import LinkPolicy
+from peers.conversation.chat import load_tokenizer
+from peers.speculation.drafting import FeatureDrafter, shipped_draft
+from peers.speculation.drafting.feature import COPY_WEIGHT
+from peers.speculation.drafting.feature_net import target_head
 from peers.distill.pipeline import Options, distill, held_out_samples
-from peers.drafting import NgramDrafter, make_drafter
-from peers.sampling import SamplingParams
-from peers.tree import MAX_NODES, check_parents
+from peers.speculation.drafting import NgramDrafter, make_drafter
+from peers.speculation.sampling import SamplingParams
+from peers.base.limits import MAX_NODES
+from peers.base.tree_layout import check_parents
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 
@@ -267,7 +268,7 @@ def test_the_draft_runs_on_one_thread_and_the_host_keeps_its_count(drafts, tiny_
     a draft proposes: the host's compute sets its own count (call_with_threads), so it keeps 2 regardless."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from peers.threads import call_with_threads
+    from peers.compute.runtime import call_with_threads
 
     torch.set_num_threads(2)
     d = make_drafter(str(drafts["trained"]), tiny_llama, 300, load_tokenizer(tiny_llama))
@@ -369,4 +370,4 @@ def test_speculation_with_the_confidence_floor_through_a_peer_is_exact(drafts, t
     # after the first measured round every plan is (k_max, a floor), and the floor, not k_max, ended the drafts
     assert all(k == policy.k_max and floor > 0 for k, floor in policy.plans[2:])
     assert all(rd["k"] < MAX_NODES for rd in r.rounds[2:])
-    assert any(rd["tree"] for rd in r.rounds)  # sampled rounds too draft trees (peers/tree_sampling.py)
+    assert any(rd["tree"] for rd in r.rounds)  # sampled rounds too draft trees (peers/speculation/tree_sampling.py)

@@ -1,4 +1,4 @@
-"""Conversations drafting at the same time draft together (peers/drafting/together.py): the shipped feature draft
+"""Conversations drafting at the same time draft together (peers/speculation/drafting/together.py): the shipped feature draft
 on the real SmolLM2, three conversations at once give each what it drafts alone (chains, trees, sampled chains,
 a stopped look-ahead), in fewer forwards; a cancelled request or a failing one leaves the others' drafts whole."""
 import threading
@@ -8,9 +8,9 @@ import torch
 import trio
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from peers.chat import render
-from peers.drafting import FeatureDrafter, make_drafter
-from peers.sampling import SamplingParams
+from peers.conversation.chat import render
+from peers.speculation.drafting import FeatureDrafter, make_drafter
+from peers.speculation.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow  # the real SmolLM2 and its shipped draft
 

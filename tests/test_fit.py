@@ -2,7 +2,7 @@
 import trio
 
 from helpers import running_ring
-from peers.errors import FitError
+from peers.base.errors import FitError
 
 
 def test_too_small_a_ring_says_so_before_loading(tiny_llama, caplog):

@@ -9,10 +9,11 @@ import torch
 import trio
 
 from helpers import greedy_reply, reference_ids, running_ring
-from peers import auth, tensors
-from peers.auth import client_handshake
-from peers.channel import Channel, ChannelClosed, parse_addr
-from peers.memory import rss_bytes
+from peers.links import auth
+from peers.wire import tensors
+from peers.links.auth import client_handshake
+from peers.links.channel import Channel, ChannelClosed, parse_addr
+from peers.compute.memory import rss_bytes
 
 PROMPT = "hello world, the quick brown fox"
 

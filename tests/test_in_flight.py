@@ -1,4 +1,4 @@
-"""Rounds in flight (peers/in_flight.py) through a host and two real peer processes: greedy answers with three
+"""Rounds in flight (peers/speculation/in_flight.py) through a host and two real peer processes: greedy answers with three
 rounds on the ring at once are plain transformers' answers, also when a member is killed mid-answer, and the
 hedges really catch rejections and dead rounds really are cancelled."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import trio
 
 from helpers import new_chat, reference_ids, running_ring
-from peers.adaptive import KPolicy
-from peers.drafting.simulated import SimulatedDrafter
-from peers.sampling import SamplingParams
+from peers.speculation.adaptive import KPolicy
+from peers.speculation.drafting.simulated import SimulatedDrafter
+from peers.speculation.sampling import SamplingParams
 from test_batching import prompt_ids
 
 PROMPT = "the quick brown fox"

@@ -1,5 +1,5 @@
 """Rounds in flight keep the target's distribution: the first two tokens of many seeded sampled answers, each made
-by peers/in_flight.py's Flight with three rounds on the "ring" at once, follow the target's exact joint
+by peers/speculation/in_flight.py's Flight with three rounds on the "ring" at once, follow the target's exact joint
 distribution (a chi-square bound at p = 1e-4), as tests/test_lossless.py checks for one round's tree.
 
 Target and draft are the fixed random tables of a 6-token vocabulary from tests/test_lossless.py. The ring is a
@@ -15,13 +15,13 @@ import torch
 import trio
 import trio.testing
 
-from peers.adaptive import KPolicy
-from peers.drafting.base import Drafter
-from peers.drafting.grow import grow, run
-from peers.in_flight import Flight
-from peers.ring_session import RingSession
-from peers.sampling import SamplingParams
-from peers.tree_sampling import sampled_children
+from peers.speculation.adaptive import KPolicy
+from peers.speculation.drafting.base import Drafter
+from peers.speculation.drafting.grow import grow, run
+from peers.speculation.in_flight import Flight
+from peers.host.session import RingSession
+from peers.speculation.sampling import SamplingParams
+from peers.speculation.tree_sampling import sampled_children
 from test_lossless import V, _chi_square, _critical, _p, _q
 
 N = 4000

@@ -1,11 +1,11 @@
-"""A pass that builds on positions of a pass still in flight (`keep`, peers/shard.py): the kept columns move after
+"""A pass that builds on positions of a pass still in flight (`keep`, peers/compute/shard.py): the kept columns move after
 the committed ones and the new rows attend to them as their tree says, so each row's hidden state is the one an
 ordinary pass over the conversation up to that row gives; a bad keep is one line and moves nothing; `skip` lays
 the columns out as a computed pass would."""
 import pytest
 import torch
 
-from peers.shard import Shard, Span
+from peers.compute.shard import Shard, Span
 from tiny import make_model, one
 
 PROMPT = [5, 17, 42, 99, 7, 3, 120, 64, 11]

@@ -82,12 +82,12 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read():
     edges = graph()
-    assert {"peers.drafting", "peers.drafting.base", "sfchat.tui.app", "sfchat.cli"} <= set(edges)
-    assert "peers.host" in edges["peers.generate"]  # from .host import …
-    assert "peers.architectures" in edges["peers.shard"]  # from . import architectures
-    assert "peers.hub" in edges["peers.models"]  # inside a function
-    assert "peers.sampling" in edges["peers.drafting.base"]  # from ..sampling import …
-    assert "peers.host" in edges["sfchat.runtime"]  # from peers.host import …
+    assert {"peers.speculation.drafting", "peers.speculation.drafting.base", "sfchat.tui.app", "sfchat.cli"} <= set(edges)
+    assert "peers.host.host" in edges["peers.speculation.generate"]  # from peers.host.host import …
+    assert "peers.models.families" in edges["peers.compute.shard"]  # from peers.models import families as …
+    assert "peers.models.hub" in edges["peers.models.source"]  # inside a function
+    assert "peers.speculation.sampling" in edges["peers.speculation.drafting.base"]  # from … import …
+    assert "peers" in edges["sfchat.runtime"]  # from peers import Host
 
 
 def test_no_import_cycle():
@@ -112,3 +112,81 @@ def test_the_gpu_check_names_no_package_index():
     script = (ROOT / "scripts" / "gpu_check").read_text()
     install = next(line for line in script.splitlines() if "pip install" in line)
     assert "--isolated" in install and "--index-url" not in script and "://" not in script
+
+
+def never_table() -> dict[str, set[str]]:
+    """The README's layout table of peers/: each sub-package -> the sub-packages it must never import."""
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("| `peers/") and line.count("|") == 4:
+            folder, _owns, never = (cell.strip() for cell in line.strip("|").split("|"))
+            rows[folder.strip("`").strip("/").split("/")[1]] = {n.strip() for n in never.split(",") if n.strip()}
+    return rows
+
+
+def broken_nevers(edges: dict[str, set[str]], table: dict[str, set[str]]) -> list[str]:
+    out = []
+    for name, targets in sorted(edges.items()):
+        parts = name.split(".")
+        if parts[0] != "peers" or len(parts) < 2:
+            continue
+        for target in sorted(targets):
+            inner = target.split(".")
+            if inner[0] == "peers" and len(inner) > 1 and inner[1] in table.get(parts[1], set()):
+                out.append(f"{name} imports {target}")
+    return out
+
+
+def test_the_readme_table_is_the_folders():
+    folders = {p.name for p in (ROOT / "peers").iterdir() if (p / "__init__.py").exists()}
+    assert set(never_table()) == folders
+    assert [p.name for p in (ROOT / "peers").glob("*.py")] == ["__init__.py"]  # nothing at the root but the face
+
+
+def test_every_never_holds():
+    table = never_table()
+    order = list(table)  # the table runs from the ground up: each row never imports the rows above it
+    for i, folder in enumerate(order):
+        above = set(order[i + 1:]) - {"member" if folder == "host" else "host" if folder == "member" else ""}
+        assert above <= table[folder], f"peers/{folder}/ may import {sorted(above - table[folder])} above it"
+    assert broken_nevers(graph(), table) == []
+
+
+def test_a_broken_never_is_found():
+    table = never_table()
+    assert broken_nevers({"peers.compute.kv": {"peers.speculation.tree"}}, table) == [
+        "peers.compute.kv imports peers.speculation.tree"]
+    assert broken_nevers({"peers.host.host": {"peers.member.peer"}}, table) != []
+    assert broken_nevers({"peers.speculation.tree": {"peers.compute.kv"}}, table) == []
+
+
+def test_the_app_uses_the_face():
+    """sfchat/ imports the engine through `peers` and its public sub-packages only; bench's baseline also reaches
+    the pass engine's device module (its one documented second door)."""
+    public = ("peers", "peers.models", "peers.distill")
+    found = []
+    for name, targets in graph().items():
+        if name.split(".")[0] != "sfchat":
+            continue
+        doors = public + (("peers.compute",) if name == "sfchat.bench" else ())
+        found += [f"{name} imports {t}" for t in sorted(targets)
+                  if t.split(".")[0] == "peers" and not any(t == d or t.startswith(d + ".") for d in doors)]
+    assert found == []
+
+
+def test_the_face_names_what_exists():
+    import importlib
+
+    import peers
+    for name, module in peers.FACE.items():
+        assert hasattr(importlib.import_module(module), name), f"peers.{name}: not in {module}"
+    for name in peers.MODULES:
+        assert getattr(peers, name).__name__ == peers.MODULES[name]
+
+
+def test_import_peers_is_free_of_torch():
+    import subprocess
+    import sys
+    code = ("import sys, peers, peers.models, peers.base.limits, peers.plan.layers; "
+            "assert 'torch' not in sys.modules, 'torch loaded'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

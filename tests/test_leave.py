@@ -10,9 +10,9 @@ import sys
 import trio
 
 from helpers import ROOT, child_env, new_chat, quiet_host, reference_ids
-from peers.adaptive import KPolicy
-from peers.drafting import Drafter
-from peers.sampling import SamplingParams
+from peers.speculation.adaptive import KPolicy
+from peers.speculation.drafting import Drafter
+from peers.speculation.sampling import SamplingParams
 
 PROMPT = "hello world, the quick brown fox"
 # a joiner as a terminal starts it: Ctrl+C's SIGINT is not ignored (a test run in the background may ignore it)

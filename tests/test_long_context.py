@@ -4,7 +4,7 @@ import trio
 from transformers import AutoModelForCausalLM
 
 from helpers import running_ring
-from peers import wire
+from peers.wire import codec as wire
 from tiny import make_model
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from peers.sampling import SamplingParams, verify_sampling
+from peers.speculation.sampling import SamplingParams, verify_sampling
 
 N = 20000
 BOUND = 0.03  # total variation; the sampling noise at N draws over <= 64 outcomes is about 0.01-0.015
@@ -112,7 +112,7 @@ def _q(ctx):
 
 def _tree(prompt, seed, deterministic):
     """(tokens, parents, q rows): the root's children, then each one's, drawn as the drafters draw them."""
-    from peers.tree_sampling import sampled_children
+    from peers.speculation.tree_sampling import sampled_children
 
     gen = torch.Generator().manual_seed(seed)
     tokens, parents, rows = [], [], []
@@ -195,7 +195,7 @@ def _ancestry(parents, i):
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["sampled drafts", "deterministic drafts"])
 def test_a_sampled_tree_keeps_the_targets_distribution(deterministic):
-    from peers.tree_sampling import verify_tree
+    from peers.speculation.tree_sampling import verify_tree
 
     chi2, df = _chi_square(*_tree_counts(verify_tree, deterministic), TREE_N)
     assert chi2 < _critical(df), (chi2, df)

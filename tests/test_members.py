@@ -112,5 +112,5 @@ def test_a_member_with_other_weights_is_refused(tiny_llama, tmp_path):
 
 
 def test_tokens_never_look_like_options():
-    from peers.auth import new_token
+    from peers.links.auth import new_token
     assert not any(new_token().startswith("-") for _ in range(5000))

@@ -1,11 +1,11 @@
-"""A model draft runs on the ring's pass engine (peers/shard.py): nothing compiled, in the dtype it is given, its
+"""A model draft runs on the ring's pass engine (peers/compute/shard.py): nothing compiled, in the dtype it is given, its
 conversations' forks sharing one set of weights and one arena, each with a row of its own; through rollbacks and
 padded like a graph replays, its drafts are a fresh drafter's."""
 import torch
 
-from peers.drafting import ModelDrafter
-from peers.drafting.model import DraftModel
-from peers.sampling import SamplingParams
+from peers.speculation.drafting import ModelDrafter
+from peers.speculation.drafting.model import DraftModel
+from peers.speculation.sampling import SamplingParams
 
 GREEDY = SamplingParams()
 CTX = [(7 * i) % 250 + 3 for i in range(12)]
@@ -44,8 +44,8 @@ def test_a_model_draft_compiles_nothing(tiny_llama, monkeypatch):
 
 
 def test_the_draft_runs_in_the_dtype_it_is_given(tiny_llama):
-    from peers.chat import load_tokenizer
-    from peers.drafting import make_drafter
+    from peers.conversation.chat import load_tokenizer
+    from peers.speculation.drafting import make_drafter
 
     d = make_drafter(str(tiny_llama), tiny_llama, 300, load_tokenizer(tiny_llama), dtype=torch.bfloat16)
     shard = d.model.shard

@@ -6,12 +6,12 @@ import re
 import trio
 
 from helpers import new_chat, reference_ids, running_ring
-from peers import checkpoint
-from peers.adaptive import KPolicy
-from peers.drafting import Drafter
-from peers.errors import FitError
-from peers.plan import ModelSize, Offer, host_bytes, layer_bytes, pass_bytes
-from peers.sampling import SamplingParams
+from peers.models import checkpoint
+from peers.speculation.adaptive import KPolicy
+from peers.speculation.drafting import Drafter
+from peers.base.errors import FitError
+from peers.plan.layers import ModelSize, Offer, host_bytes, layer_bytes, pass_bytes
+from peers.speculation.sampling import SamplingParams
 
 OOM = r"member \d \(local-b\) ran out of memory on cpu {doing} \([\d.]+ [MG]B in use, peak [\d.]+ [MG]B, [\d.]+ [MG]B free\)"
 

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from peers.options import HostOptions
+from peers.base.options import HostOptions
 from sfchat import settings
 from sfchat.cli import parser
 from sfchat.options import AnswerOptions, join_options, ring_options
@@ -51,7 +51,7 @@ def test_no_graphs_reaches_the_host_each_joiner_and_the_local_peers():
 
 
 def test_in_flight_reaches_the_draft_policy_of_ask_host_and_serve_and_makes_a_bench_row_per_value():
-    from peers.adaptive import KPolicy
+    from peers.speculation.adaptive import KPolicy
     from sfchat.bench import policy_for, ring_modes
 
     for cmd in (["ask", "hi"], ["host"], ["serve"]):

@@ -1,13 +1,13 @@
-"""Several conversations in one pass (peers/packed.py): for every architecture, a packed pass gives each
+"""Several conversations in one pass (peers/compute/packed.py): for every architecture, a packed pass gives each
 conversation what its own pass gives it, through prefills of different lengths, chains and trees of drafts,
 rollbacks and sliding windows; and greedy answers generated in packed rounds equal plain transformers'."""
 import pytest
 import torch
 
-from peers.shard import Shard, Span
+from peers.compute.shard import Shard, Span
 from tiny import ARCHS, make_model, one
 from test_static_cache import greedy
-from peers.tree import on_chain, verify_greedy
+from peers.speculation.tree import on_chain, verify_greedy
 
 PROMPTS = [[5, 17, 42, 99, 7, 3, 120, 64, 11], [250, 33, 8], [19, 140, 77, 2, 91, 60, 45, 23, 200, 13, 9, 31, 4]]
 # each round, per conversation: (committed rollback, the pass's ids, tree parents or None)

@@ -16,9 +16,9 @@ import trio
 from transformers import AutoTokenizer
 
 from helpers import child_env, free_port, greedy_reply, quiet_host, reference_ids
-from peers import checkpoint
-from peers.errors import RingError
-from peers.plan import ModelSize, Offer, host_bytes, layer_bytes, pass_bytes
+from peers.models import checkpoint
+from peers.base.errors import RingError
+from peers.plan.layers import ModelSize, Offer, host_bytes, layer_bytes, pass_bytes
 
 # how a joiner fails to take its layers: its options, its environment, and what its line says
 KINDS = {
@@ -197,7 +197,7 @@ def test_the_endpoint_answers_whole_when_its_local_peer_runs_out_of_memory(tiny_
 def test_the_headless_host_answers_whole_when_a_joiner_cannot_fetch_the_model(tmp_path):
     """The case a new user met: a joiner offline with an empty model cache."""
     from test_tui_peer import headless_host
-    from peers import models
+    from peers.models import source as models
 
     port, token = free_port(), "T0ken-for-the-test"
     answers = open(tmp_path / "answers.txt", "w")

@@ -1,7 +1,8 @@
-"""The plan in bytes (peers/plan.py): pure arithmetic, tested alone."""
+"""The plan in bytes (peers/plan/layers.py): pure arithmetic, tested alone."""
 import pytest
 
-from peers.plan import (GB, FitError, ModelSize, Offer, kv_bytes, chunk_end, chunk_positions, plan, split_layers, weight_bytes)
+from peers.base.limits import GB
+from peers.plan.layers import FitError, ModelSize, Offer, kv_bytes, chunk_end, chunk_positions, plan, split_layers, weight_bytes
 from tiny import qwen2_shapes
 
 

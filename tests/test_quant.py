@@ -8,8 +8,8 @@ import torch
 import trio
 
 from helpers import cosine_to_float, greedy_reply, running_ring
-from peers import quant as q
-from peers.shard import Shard, Span
+from peers.compute import quant as q
+from peers.compute.shard import Shard, Span
 from tiny import one
 
 

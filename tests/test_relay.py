@@ -13,11 +13,11 @@ import torch
 import trio
 from transformers import AutoModelForCausalLM
 
-from peers import links
-from peers.auth import AuthError, client_handshake
-from peers.channel import Channel, parse_addr
+from peers.links import dial as links
+from peers.links.auth import AuthError, client_handshake
+from peers.links.channel import Channel, parse_addr
 from helpers import ROOT, check_logits_follow, child_env, running_ring, wait_for_line
-from peers.relay import Relay
+from peers.links.relay import Relay
 from sfchat.invite import for_host
 
 

@@ -6,10 +6,10 @@ import pytest
 import trio
 
 from helpers import new_chat, running_ring
-from peers.adaptive import KPolicy
-from peers.drafting import Drafter
-from peers.memory import rss_bytes
-from peers.sampling import SamplingParams
+from peers.speculation.adaptive import KPolicy
+from peers.speculation.drafting import Drafter
+from peers.compute.memory import rss_bytes
+from peers.speculation.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 MB = 2**20

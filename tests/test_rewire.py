@@ -4,11 +4,11 @@ would learn of it only when a pass timed out."""
 import trio
 
 from helpers import running_ring
-from peers import links
-from peers.auth import client_handshake
-from peers.channel import Channel, ChannelClosed
-from peers.options import PeerOptions
-from peers.peer import Peer
+from peers.links import dial as links
+from peers.links.auth import client_handshake
+from peers.links.channel import Channel, ChannelClosed
+from peers.base.options import PeerOptions
+from peers.member.peer import Peer
 
 
 def test_a_frame_before_the_next_hop_is_wired_waits_for_it(tiny_llama):

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow  # every test here runs the real SmolLM2
 
 PROMPT = "Explain quantum entanglement in simple terms."
 N = 40
-DRAFT = str(ROOT / "peers" / "drafting" / "shipped" / "smollm2-135m")
+DRAFT = str(ROOT / "peers" / "speculation" / "drafting" / "shipped" / "smollm2-135m")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_self_draft_at_k6_commits_about_seven_tokens_a_round(ring, want):
 
 
 def test_the_distilled_draft_is_the_default_and_only_changes_speed(ring, want):
-    """The draft distilled for SmolLM2 and shipped in peers/drafting/shipped/smollm2-135m (reading the target's features)
+    """The draft distilled for SmolLM2 and shipped in peers/speculation/drafting/shipped/smollm2-135m (reading the target's features)
     is used with no --draft: through a ring of two real peers, greedy, the answer is plain transformers', and
     some of its drafts are accepted."""
     got = ring.ask(PROMPT, "--max-new-tokens", str(N))
@@ -86,10 +86,10 @@ def test_simulated_trees_through_two_peers_keep_the_answer(ring, want):
     """A simulated draft whose second guess is right where its first is wrong: the target often takes a branch off
     the main chain (those tokens go round again with the next drafts); the answer stays transformers'."""
     from helpers import new_chat
-    from peers.adaptive import KPolicy
-    from peers.drafting import Drafter
-    from peers.drafting.simulated import SimulatedDrafter
-    from peers.sampling import SamplingParams
+    from peers.speculation.adaptive import KPolicy
+    from peers.speculation.drafting import Drafter
+    from peers.speculation.drafting.simulated import SimulatedDrafter
+    from peers.speculation.sampling import SamplingParams
 
     async def main(ring):
         host = ring.host

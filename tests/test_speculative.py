@@ -8,11 +8,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import answer, reference_ids
 from shared_ring import ask_in_process
-from peers.adaptive import EXPLORE_EVERY, KPolicy, best_k, expected_tokens
-from peers.chat import load_tokenizer
-from peers.drafting import ModelDrafter, NgramDrafter, lookup, make_drafter
-from peers.models import ModelError
-from peers.sampling import SamplingParams
+from peers.speculation.adaptive import EXPLORE_EVERY, KPolicy, best_k, expected_tokens
+from peers.conversation.chat import load_tokenizer
+from peers.speculation.drafting import ModelDrafter, NgramDrafter, lookup, make_drafter
+from peers.models.source import ModelError
+from peers.speculation.sampling import SamplingParams
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 
@@ -159,7 +159,7 @@ def test_adaptive_k_learns_what_each_verified_token_costs():
 
 
 def test_a_confident_drafter_gets_a_floor_at_the_rate_rounds_make_now():
-    """The marginal rule of peers/adaptive.py: one more draft with chance P is worth its cost c = verify_ms +
+    """The marginal rule of peers/speculation/adaptive.py: one more draft with chance P is worth its cost c = verify_ms +
     draft_ms when P > R * c, R the tokens per ms rounds make now."""
     p = KPolicy()
     assert p.plan(3.0, confident=True) == (p.choose(3.0), 0.0)  # nothing measured yet

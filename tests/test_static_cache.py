@@ -1,4 +1,4 @@
-"""The static KV cache (peers/kv.py) and the padded passes CUDA graphs replay (peers/graphs.py), on the CPU: every
+"""The static KV cache (peers/compute/kv.py) and the padded passes CUDA graphs replay (peers/compute/graphs.py), on the CPU: every
 architecture answers exactly like plain transformers through rollbacks, trees of drafts, a replay on a fresh
 cache and chunked prefill, both eagerly and padded to the graph buckets; a rollback only sets a length."""
 from collections import Counter
@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from peers.graphs import bucket
-from peers.plan import GRAPH_BUCKETS, cache_positions
-from peers.kv import RoomError
-from peers.shard import Shard, Span
-from peers.tree import on_chain, verify_greedy
+from peers.compute.graphs import bucket
+from peers.base.limits import GRAPH_BUCKETS, cache_positions
+from peers.compute.kv import RoomError
+from peers.compute.shard import Shard, Span
+from peers.speculation.tree import on_chain, verify_greedy
 from tiny import ARCHS, make_model, one
 
 PROMPT = [5, 17, 42, 99, 7, 3, 120, 64, 11, 250, 33, 8, 19, 140, 77, 2, 91, 60, 45, 23, 200, 13, 9, 31, 4, 55,

@@ -9,9 +9,9 @@ import pytest
 import trio
 
 from helpers import assert_covers, child_env, children, new_chat, reference_ids, running_ring
-from peers.adaptive import KPolicy
-from peers.drafting import make_drafter
-from peers.sampling import SamplingParams
+from peers.speculation.adaptive import KPolicy
+from peers.speculation.drafting import make_drafter
+from peers.speculation.sampling import SamplingParams
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 N = 40

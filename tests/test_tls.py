@@ -65,7 +65,7 @@ def test_a_cut_fingerprint_or_a_plain_host_is_one_line(tiny_llama):
 def test_ring_through_a_tls_relay(tiny_llama):
     """`sfchat relay --tls`: every connection to the relay is encrypted and pinned; with the ring's own --tls
     inside, the relay forwards ciphertext of ciphertext. The answer is exact."""
-    from peers.relay import Relay
+    from peers.links.relay import Relay
 
     async def main():
         relay = Relay(tls=True)

@@ -1,4 +1,4 @@
-"""Trees of drafts (peers/tree.py): every node gets exactly the logits of a plain forward over its own path, the
+"""Trees of drafts (peers/speculation/tree.py): every node gets exactly the logits of a plain forward over its own path, the
 caches keep the main chain, greedy verification walks the tree, malformed parents are refused, and answers
 through a real peer process stay identical to transformers wherever in the tree the target's tokens are."""
 import pytest
@@ -7,13 +7,14 @@ import trio
 from transformers import AutoModelForCausalLM
 
 from helpers import new_chat, reference_ids, running_ring
-from peers import wire
-from peers.adaptive import KPolicy
-from peers.drafting import Drafter
-from peers.sampling import SamplingParams
-from peers.shard import Shard, Span
-from peers.tree import Draft, check_parents, depth_first, on_chain, verify_greedy
-from peers.validate import forward_frame
+from peers.wire import codec as wire
+from peers.speculation.adaptive import KPolicy
+from peers.speculation.drafting import Drafter
+from peers.speculation.sampling import SamplingParams
+from peers.compute.shard import Shard, Span
+from peers.speculation.tree import Draft, depth_first, on_chain, verify_greedy
+from peers.base.tree_layout import check_parents
+from peers.wire.schema import forward_frame
 from tiny import one
 
 PROMPT = "the quick brown fox jumps over the lazy dog"

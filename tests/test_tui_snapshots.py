@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from peers.peer import PeerState
-from peers.shard import Span
+from peers.member.peer import PeerState
+from peers.compute.shard import Span
 from sfchat import settings, store
 from sfchat.cli import parser
 from sfchat.options import join_options, ring_options

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from peers import tensors, wire
+from peers.wire import tensors, codec as wire
 
 MSG = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.text(max_size=20) | st.binary(max_size=40),
                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12)

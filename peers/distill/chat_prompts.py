@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from .prompts import CODE_TASKS, HELD_OUT, LANGUAGES, TOPICS
+from peers.distill.prompts import CODE_TASKS, HELD_OUT, LANGUAGES, TOPICS
 
 
 def _split(text: str) -> list[str]:

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import torch
 
-from .. import models
-from ..chat import eos_ids, load_tokenizer
-from ..fingerprint import config_fingerprint
-from ..memory import default_device
-from ..shard import load_config
-from ..drafting import feature_net
-from . import teacher, train, weights
+from peers.models import source as models
+from peers.conversation.chat import eos_ids, load_tokenizer
+from peers.models.fingerprint import config_fingerprint
+from peers.compute.memory import default_device
+from peers.compute.shard import load_config
+from peers.speculation.drafting import feature_net
+from peers.distill import teacher, train, weights
 
 RECIPE = {"seed": 0, "layers": 1, "vocab": 8192, "batch": None, "max_new": 256}  # None: per device
 CHECKPOINT_EVERY_S = 60.0

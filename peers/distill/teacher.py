@@ -17,8 +17,8 @@ import random
 import torch
 from transformers import GenerationConfig
 
-from ..chat import render
-from . import chat_prompts, prompts
+from peers.conversation.chat import render
+from peers.distill import chat_prompts, prompts
 
 SELF_PROMPT_TOKENS = 64
 READ_BATCH = 16  # conversations per teacher-forcing pass (bounds the attention's memory)

@@ -1,4 +1,4 @@
-"""Making a feature draft (peers/drafting/feature_net.py): the head's vocabulary, the initial weights, saving."""
+"""Making a feature draft (peers/speculation/drafting/feature_net.py): the head's vocabulary, the initial weights, saving."""
 from __future__ import annotations
 
 import copy
@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..drafting.feature_net import META_FILE, SHARED, VOCAB_FILE, FeatureDraft, target_tensors, build
-from ..checkpoint import weight_files as _weight_files
-from ..shard import load_config
+from peers.speculation.drafting.feature_net import META_FILE, SHARED, VOCAB_FILE, FeatureDraft, target_tensors, build
+from peers.models.checkpoint import weight_files as _weight_files
+from peers.compute.shard import load_config
 
 
 def choose_vocab(counts: torch.Tensor, size: int, always: set[int]) -> list[int]:

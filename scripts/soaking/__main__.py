@@ -99,7 +99,7 @@ async def soak(args, ring: Ring, refs: dict, hidden: int, model: str, tally: Tal
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    from peers.models import resolve
+    from peers.models.source import resolve
 
     model_dir = resolve(args.model, say=lambda *a: None)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="soak-"))

@@ -11,7 +11,7 @@ import time
 from .ring import Ring
 from .tally import Tally
 
-DEAD_AFTER_S = 4.0  # the host's limit for a silent member (peers/options.py, HostOptions.dead_after_s)
+DEAD_AFTER_S = 4.0  # the host's limit for a silent member (peers/base/options.py, HostOptions.dead_after_s)
 RECOVERY_GRACE_S = 5  # no fault this close to the end: the last requests see it recovered from
 RECOVERY_LIMIT_S = 300  # a ring not whole again by then is noted (the load's requests say the rest)
 

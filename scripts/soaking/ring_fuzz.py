@@ -12,8 +12,8 @@ import time
 
 import cbor2
 
-from peers import wire
-from peers.auth import NONCE, _proof
+from peers.wire import codec as wire
+from peers.links.auth import NONCE, _proof
 
 from .ring import Ring
 from .tally import Tally
@@ -123,7 +123,7 @@ async def recv(reader: asyncio.StreamReader, dec: wire.FrameDecoder) -> dict:
 
 
 async def authenticate(addr: str, token: str):
-    """A data link that passed the handshake with the right token (peers/auth.py, client side)."""
+    """A data link that passed the handshake with the right token (peers/links/auth.py, client side)."""
     host, port = addr.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     dec, nc = wire.FrameDecoder(), secrets.token_bytes(NONCE)

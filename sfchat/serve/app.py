@@ -66,7 +66,7 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
 
     async def health(request: Request):
         """Open, as health checks are; the members (their addresses and memory) only with the key."""
-        replanning = host.planner.gate.replanning
+        replanning = host.replanning
         body = {"status": "replanning" if replanning else "ok", "model": name, "epoch": host.epoch,
                 "conversations": conversations.status(),
                 "passes": {"batches": host.batcher.batches, "rounds": host.batcher.rounds}}

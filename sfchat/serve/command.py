@@ -8,7 +8,7 @@ import trio
 from sfchat.options import RingOptions, ServeOptions
 from sfchat.runtime import Ring, build_host, new_drafter, open_ring, say
 
-from peers.channel import parse_addr
+from peers import parse_addr
 
 from sfchat.invite import for_host, listening
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from peers.adaptive import KPolicy
-from peers.chat import TextStream, render
-from peers.context import context_limit
-from peers.drafting import Drafter
-from peers.errors import RingError
-from peers.generate import generate
-from peers.sampling import SamplingParams
+from peers import KPolicy
+from peers import TextStream, render
+from peers import context_limit
+from peers import Drafter
+from peers import RingError
+from peers import generate
+from peers import SamplingParams
 
 from sfchat.options import AnswerOptions
 
@@ -43,24 +43,10 @@ class Outcome:
     stats: dict = field(default_factory=dict)
 
 
-def kv_bytes_per_position(config, n_layers: int, itemsize: int) -> int:
-    """Keys and values of one position in n_layers layers."""
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * n_layers * heads * head_dim * itemsize
-
-
 def default_limit(host) -> int:
     """As many full-context conversations as the tightest stage's free memory holds, within [1, 16]."""
-    from peers.memory import free_bytes
-    from peers.tensors import DTYPES
-
-    c, itemsize = host.config, DTYPES[host.dtype].itemsize
-    ctx = getattr(c, "max_position_embeddings", 2048) or 2048
-    stages = [(host.shard.span.size if host.shard else 0, free_bytes(host.device))]
-    stages += [(m.span.size, m.free_bytes - max(m.rss - m.rss_before, 0)) for m in host.ring]
-    fits = [free // max(kv_bytes_per_position(c, n, itemsize) * ctx, 1) for n, free in stages if n]
-    return int(min(max(min(fits), 1), MAX_DEFAULT_LIMIT)) if fits else DEFAULT_LIMIT
+    room = host.conversation_room()
+    return DEFAULT_LIMIT if room is None else min(max(room, 1), MAX_DEFAULT_LIMIT)
 
 
 class Conversations:
@@ -102,7 +88,7 @@ class Conversations:
     async def ring_ready(self) -> None:
         """Wait out a re-plan in progress; 503 if it takes longer than replan_wait_s."""
         with trio.move_on_after(self.replan_wait_s):
-            while self.host.planner.gate.replanning:
+            while self.host.replanning:
                 await trio.sleep(0.1)
             return
         raise ApiError(503, "the ring is re-planning (a member joined or was lost); try again shortly",

@@ -7,7 +7,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from peers.channel import parse_addr
+from peers import parse_addr
 
 from .access import AccessLog
 from .app import build_app

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from peers.locations import cache_dir
+from peers import cache_dir
 from sfchat.invite import program
 from sfchat.options import JoinOptions, RingOptions
 from sfchat.settings import Settings

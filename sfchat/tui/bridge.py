@@ -14,10 +14,10 @@ import threading
 
 import trio
 
-from peers.adaptive import KPolicy
-from peers.chat import Chat
-from peers.host import Host
-from peers.peer import PeerState
+from peers import KPolicy
+from peers import Chat
+from peers import Host
+from peers import PeerState
 from sfchat.join import join_ring
 from sfchat.options import AnswerOptions, JoinOptions, RingOptions
 from sfchat.runtime import build_host, invite_for, new_drafter, open_ring

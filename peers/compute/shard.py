@@ -1,0 +1,333 @@
+"""One contiguous range of a model's decoder layers, loaded alone from safetensors and run with
+transformers' own decoder layers and rotary embedding, on a KV arena of our own (peers/compute/kv.py) whose masks
+are computed on the device, so short passes can replay as CUDA graphs (peers/compute/graphs.py).
+
+The first stage also holds the token embedding; the host's shard also holds the final norm and LM head.
+"""
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+
+from peers.models import families as architectures
+from peers.compute import kv, packed
+from peers.base import tree_layout
+from peers.compute import quant as quantization
+from peers.models.checkpoint import Stored, locations, weight_files
+from peers.compute.cpu_linear import use_columns
+from peers.compute.graphs import Graphs, pad, shape
+from peers.compute.memory import release_freed
+from peers.base.errors import ModelError
+from peers.base.limits import CONVERSATIONS, MAX_CONTEXT, cache_positions
+from peers.base.span import Span
+from peers.compute.kv import RoomError, SessionCache
+from peers.models.reader import read, read_rows
+from peers.base.dtypes import DTYPES
+
+def load_config(model_dir: Path):
+    """The model's config, refused in one line if sfchat cannot split its architecture."""
+    config = AutoConfig.from_pretrained(model_dir)
+    family = architectures.family(config.model_type)
+    if getattr(config, "quantization_config", None):
+        del config.quantization_config
+    config._attn_implementation = family.attention
+    return config
+
+
+def rollback_cache(config) -> DynamicCache:
+    """A cache that can be trimmed back by the last pass's positions. A sliding-window layer keeps only its last
+    window - 1 states unless told to keep a pass's worth more until the next trim (which every pass does)."""
+    cache = DynamicCache(config=config)
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()
+    return cache
+
+
+class Shard:
+    def __init__(self, model_dir: Path, span: Span, *, embed: bool, head: bool,
+                 dtype: str = "float32", quant: str = "none", device: str = "cpu", graphs: bool = True,
+                 padded: bool = False, context: int | None = None, conversations: int = CONVERSATIONS):
+        """graphs: capture CUDA graphs of short passes where the device is a GPU. padded: run short passes as
+        the graphs do (padded to their bucket, over the whole room) even where nothing is captured, which is
+        how a CPU checks that path. context, conversations: the KV arena's rows (peers/compute/kv.py), as planned;
+        context None: the model's own limit, capped at MAX_CONTEXT."""
+        self.config = config = load_config(model_dir)
+        if config.num_hidden_layers != span.n_layers:
+            raise ModelError(f"model has {config.num_hidden_layers} layers, plan says {span.n_layers}")
+        self.span, self.device, self.dtype = span, torch.device(device), DTYPES[dtype]
+        self.hidden_size = config.hidden_size
+        self.kv_heads = config.num_key_value_heads or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # the module tree is built on the meta device (no memory), then only our tensors are read and assigned
+        with torch.device("meta"):
+            full = AutoModelForCausalLM.from_config(config)
+        inner = full.model
+        packed.route(config)  # attention through peers/compute/packed.py: several conversations can share a pass
+        self.layers = torch.nn.ModuleList(inner.layers[span.start : span.end])
+        self.embed = inner.embed_tokens if embed else None
+        self.norm = inner.norm if head else None
+        self.lm_head = full.lm_head if head else None
+        self.family = architectures.family(config.model_type)
+        self.layer_types = self.family.layer_types(config)
+        self.rotary = self.family.rotary(config, inner, self.device, self._kinds())
+        self.quant = quant
+        if quant != "none":  # swapped on the meta device, each matrix quantized as it is read (peers/compute/quant.py)
+            quantization.swap_linears(self.layers, quant, self.dtype)
+        self._load(model_dir)
+        use_columns(self.layers, self.lm_head)  # on a CPU, the head's few rows at the memory's full speed
+        if self.embed is not None:
+            self.family.prepare_embedding(config, self.embed, self.device)
+        del full, inner
+        capture = graphs and self.device.type == "cuda"
+        self.graphs = Graphs(self.device, capture) if capture or padded else None
+        self.context = context or min(getattr(config, "max_position_embeddings", 0) or MAX_CONTEXT, MAX_CONTEXT)
+        self.arena = kv.Arena(span.size, conversations, self.kv_heads, self.head_dim, cache_positions(self.context),
+                              self.dtype, self.device, zeroed=self.graphs is not None)
+
+    def close(self) -> None:
+        """(a re-plan) Its graphs go; the arena goes with the shard."""
+        if self.graphs is not None:
+            self.graphs.close()
+
+    def _wanted(self) -> dict[str, tuple[torch.nn.Module, str]]:
+        """checkpoint tensor name -> (module, parameter name in that module)"""
+        want = {}
+        for i, layer in zip(range(self.span.start, self.span.end), self.layers):
+            for n, _ in layer.named_parameters():
+                want[f"model.layers.{i}.{n}"] = (layer, n)
+        if self.embed is not None:
+            want["model.embed_tokens.weight"] = (self.embed, "weight")
+        if self.norm is not None:
+            want["model.norm.weight"] = (self.norm, "weight")
+        return want
+
+    def _load(self, model_dir: Path) -> None:
+        files = weight_files(model_dir)  # every tensor's file, from the index (only this shard's need be here)
+        want = self._wanted()
+        if self.lm_head is not None:
+            # a tied head is not stored: it *is* the embedding matrix (leaving it unset gives garbage text)
+            head_key = "lm_head.weight" if "lm_head.weight" in files else "model.embed_tokens.weight"
+            if head_key not in files:
+                raise ModelError("the checkpoint has neither lm_head.weight nor embed_tokens to tie it to")
+            want_head = {head_key: (self.lm_head, "weight")}
+        else:
+            want_head = {}
+        missing = [k for k in want if k not in files]
+        if missing:
+            raise ModelError(f"checkpoint lacks {len(missing)} tensors of this shard, e.g. {missing[0]}")
+        stored = locations(model_dir, list(want) + list(want_head))
+        for k in list(want) + [k for k in want_head if k not in want]:
+            st, moved = stored[k], None  # a tied head shares the embedding's tensor on the device
+            for module, leaf in [self._slot(*t, st) for t in (want.get(k), want_head.get(k)) if t is not None]:
+                if self.quant != "none" and quantization.is_quantized(module, leaf):  # read and quantized by rows
+                    quantization.quantize(module, partial(read_rows, st, dtype=self.dtype), st.shape, self.device)
+                    continue
+                moved = read(st, self.dtype).to(self.device) if moved is None else moved
+                setattr(module, leaf, torch.nn.Parameter(moved, requires_grad=False))
+            del moved  # one tensor in full precision at a time
+            if self.quant != "none":
+                release_freed()
+        for m in self.modules():
+            m.eval().requires_grad_(False)
+        release_freed()  # the full-precision copies read on the way
+
+    def _slot(self, module: torch.nn.Module, name: str, st: Stored) -> tuple[torch.nn.Module, str]:
+        """The module and attribute that module.name names, once the stored tensor's shape is the one it expects."""
+        *path, leaf = name.split(".")
+        for p in path:
+            module = getattr(module, p)
+        old = getattr(module, leaf)
+        if tuple(old.shape) != tuple(st.shape):
+            raise ModelError(f"tensor {name} has shape {tuple(st.shape)}, the model expects {tuple(old.shape)}")
+        return module, leaf
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [m for m in (self.layers, self.embed, self.norm, self.lm_head) if m is not None]
+
+    def new_session(self) -> SessionCache:
+        """A conversation's cache on this shard: it takes a row of the arena at its first pass."""
+        return SessionCache()
+
+    @torch.inference_mode()
+    def forward(self, passes: list[tuple]) -> list[torch.Tensor]:
+        """One pass of B conversations: each (cache, committed, x, parents[, keep]) runs x (ids [1,T] on the first
+        stage, else hidden [1,T,H]) at positions committed..committed+T-1 on the first `committed` positions its
+        cache holds: setting that length is the ring's only rollback rule. `parents`: the last len(parents)
+        positions are a tree of drafts (peers/speculation/tree.py), each at its depth and seeing its ancestors. Returns each
+        one's hidden states [1, T, H]. Up to 16 conversations of up to 32 positions are padded to a graph's shape
+        (peers/compute/graphs.py) where graphs run; anything else runs eagerly, the positions of all packed in one
+        sequence (peers/compute/packed.py).
+
+        keep (None: as a 4-tuple): the pass builds on m positions of a pass still in flight (not yet committed):
+        their cache columns (ascending, in [committed, length)) first move, in order, to columns
+        committed..committed+m-1, and x's rows follow at committed+m..; `parents` is then the full tree over the
+        m kept and T new rows (tree_layout.full_parents: entry i in [-1, i), -1 the last committed position), each row
+        at position committed - 1 + its depth, seeing the committed prefix, its ancestors and itself. A batch
+        with any keep runs eagerly (a graph's meta has no room for kept columns)."""
+        passes = [tuple(p) if len(p) == 5 else (*p, None) for p in passes]
+        for s, committed, x, parents, keep in passes:
+            if keep is not None:
+                tree_layout.check_parents(parents, len(keep) + x.shape[1])
+        key = None
+        if self.padding and all(keep is None for *_, keep in passes):
+            key = shape(len(passes), max(x.shape[1] for _, _, x, _, _ in passes))
+        if key and any(committed + key[1] > self.arena.room for _, committed, _, _, _ in passes):
+            key = None  # a conversation at its room's end: padding would write past it, so this pass runs eagerly
+        self._lay_out([(s, committed, keep, x.shape[1]) for s, committed, x, _, keep in passes])
+        hs = self._padded([p[:4] for p in passes], key) if key else self._eager(passes)
+        for s, committed, x, _, keep in passes:
+            s.length = committed + len(keep or ()) + x.shape[1]
+        return hs
+
+    @torch.inference_mode()
+    def skip(self, cache: SessionCache, committed: int, keep: list[int] | None, n: int) -> None:
+        """A pass this member does not compute (the host cancelled it): the conversation's columns laid out as
+        forward would leave them (kept ones moved, n more after them that nobody will attend to), so every
+        stage's columns stay where the host expects them whether it computed the pass or not."""
+        self._lay_out([(cache, committed, keep, n)])
+        cache.length = committed + len(keep or ()) + n
+
+    def _lay_out(self, items: list[tuple[SessionCache, int, list[int] | None, int]]) -> None:
+        """Before a pass of (cache, committed, keep, n) each: everything checked first (nothing moves for a bad
+        one), then each one's row placed, its length set to `committed` and its kept columns moved after it."""
+        for s, committed, keep, n in items:
+            if committed > s.length:
+                raise ValueError(f"frame says {committed} positions are committed but this peer holds {s.length}")
+            kv.check_keep(keep, committed, s.length)
+            if committed + len(keep or ()) + n > self.arena.room:
+                raise RoomError(f"the conversation has outgrown its room: {committed + len(keep or ()) + n:,} "
+                                f"positions, and this member keeps {self.context:,} per conversation (--max-context)")
+        self.arena.place([s for s, _, _, _ in items])
+        now = time.monotonic()
+        for s, committed, keep, _ in items:
+            s.length, s.last_used = committed, now
+            if keep and keep != list(range(committed, committed + len(keep))):  # (in place already: nothing to do)
+                at = torch.tensor(keep, device=self.device)
+                for cache in (self.arena.keys, self.arena.values):
+                    row = cache[:, s.row]  # [layers, kv_heads, room, head_dim]: gathered first, as a column may
+                    row[:, :, committed : committed + len(keep)] = row.index_select(2, at)  # land on one kept later
+            s.length += len(keep or ())
+
+    def fits(self, committed: int, n: int) -> bool:
+        """Whether a pass of n positions after `committed` fits a conversation's room."""
+        return committed + n <= self.arena.room
+
+    @property
+    def padding(self) -> bool:
+        return self.graphs is not None and not self.graphs.failed
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.device) if self.embed is not None else x.to(self.device, self.dtype)
+
+    def _eager(self, passes) -> list[torch.Tensor]:
+        """Exactly the passes' positions, over the columns their masks need (no work on columns nobody sees)."""
+        bounds, start = [], 0
+        for _, _, x, _, _ in passes:
+            bounds.append((start, start + x.shape[1]))
+            start += x.shape[1]
+        x = torch.cat([self._input(x) for _, _, x, _, _ in passes], dim=1)
+        h = self.embed(x) if self.embed is not None else x
+        if self.span.size:
+            rows, indices, views, metas = [], [], [], []
+            for s, committed, x_i, parents, keep in passes:
+                t, m = x_i.shape[1], len(keep or ())
+                full = parents if keep is not None else tree_layout.full_parents(t, parents or [])
+                rows.append(s.row)
+                indices.append(committed + m + torch.arange(t, device=self.device))
+                views.append(self._views(committed, m + t))
+                metas.append(self._meta(committed, m, t, full))
+            pos = torch.cat([m[1] for m in metas], dim=1)
+            masks = {kind: packed.Packed([self._mask(*m, v[layer], kind) for m, v in zip(metas, views)], bounds)
+                     for kind, layer in self._kinds().items()}
+            h = self._layers(h, masks, pos, packed.Writer(self.arena, rows, self.span.start, indices, views, bounds))
+        return [h[:, a:b] for a, b in bounds]
+
+    def _meta(self, committed: int, m: int, t: int, full: list[int]) -> tuple[torch.Tensor, ...]:
+        """(device) An eager pass's mask inputs, moved in one copy: committed [1], the T rows' positions [1, T],
+        which of the m + T pass columns each row sees [1, T, m + T], and those columns' positions [1, m + T]."""
+        w = m + t
+        span_pos = tree_layout.positions(committed, w, full)[0]
+        sees = tree_layout.ancestors(w, full)[m:]
+        flat = torch.cat([torch.tensor([committed]), span_pos, sees.flatten().long()]).to(self.device)
+        span_pos = flat[1 : 1 + w][None]
+        return flat[:1], span_pos[:, m:], flat[1 + w :].view(1, t, w).bool(), span_pos
+
+    def _padded(self, passes, key: tuple[int, int]) -> list[torch.Tensor]:
+        """The passes padded to B x T rows and positions (what a graph replays) over their rows' whole room."""
+        b, t = key
+        xs = [pad(x, t) for _, _, x, _ in passes]
+        metas = [kv.meta(c, x.shape[1], p, t) for _, c, x, p in passes]
+        rows = [s.row for s, _, _, _ in passes]
+        empty = b - len(passes)  # places no conversation takes: a pass of one position in the scratch row
+        xs += [torch.zeros_like(xs[0])] * empty
+        metas += [kv.meta(0, 1, None, t)] * empty
+        rows += [self.arena.scratch] * empty
+        x = torch.cat(xs)
+        if self.embed is None:
+            x = x.to(self.dtype)
+        h = self.graphs.run(self._step, key, x, torch.stack(metas), torch.tensor(rows))
+        return [h[i : i + 1, : x_i.shape[1]] for i, (_, _, x_i, _) in enumerate(passes)]
+
+    def _step(self, x: torch.Tensor, meta: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """(device) The layers over a padded pass, everything computed from x, meta and rows (a graph's inputs)."""
+        t = x.shape[1]
+        committed, pos, sees = kv.unpack(meta, t)
+        h = self.embed(x) if self.embed is not None else x
+        if not self.span.size:
+            return h
+        view = (0, self.arena.room)
+        masks = {kind: self._mask(committed, pos, sees, None, view, kind) for kind in self._kinds()}
+        columns = committed[:, None] + torch.arange(t, device=self.device)
+        return self._layers(h, masks, pos, kv.Writer(self.arena, self.span.start, rows, columns))
+
+    def _layers(self, h, masks, pos, cache) -> torch.Tensor:
+        ropes = self.rotary(h, pos)
+        for i, layer in zip(range(self.span.start, self.span.end), self.layers):
+            kind = self.layer_types[i]
+            h = layer(h, attention_mask=masks[kind], position_embeddings=ropes[kind], position_ids=pos,
+                      cache=cache, use_cache=True)
+        return h
+
+    def _views(self, committed: int, t: int) -> dict[int, tuple[int, int]]:
+        """Each layer's cache columns in an eager pass: up to the pass's end, from the window's start for a
+        sliding layer (its earliest row is at position `committed`)."""
+        window = self._window("sliding_attention") or 0
+        lo = {"full_attention": 0, "sliding_attention": max(0, committed - window + 1)}
+        return {i: (lo[self.layer_types[i]], committed + t) for i in range(self.span.start, self.span.end)}
+
+    def _mask(self, committed, pos, sees, span_pos, view: tuple[int, int], kind: str) -> torch.Tensor:
+        mask = kv.visible(committed, pos, sees, *view, self._window(kind), span_pos)
+        if self.config.sfchat_attention == "eager":  # eager attention adds its mask to the scores
+            return torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill(
+                ~mask, torch.finfo(self.dtype).min)
+        return mask
+
+    def _window(self, kind: str) -> int | None:
+        return getattr(self.config, "sliding_window", None) if kind == "sliding_attention" else None
+
+    def _kinds(self) -> dict[str, int]:
+        """Each kind of attention among this shard's layers -> the first layer of that kind."""
+        kinds: dict[str, int] = {}
+        for i in range(self.span.start, self.span.end):
+            kinds.setdefault(self.layer_types[i], i)
+        return kinds
+
+    @torch.inference_mode()
+    def finish(self, passes: list[tuple[torch.Tensor, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each conversation's final normalised hidden states at every position (what a feature draft reads) and
+        its logits at the last n: for (hidden [T, H], n) each; the norm and the LM head (the largest matrix of
+        all) run once over all of them."""
+        feats = self.norm(torch.cat([h for h, _ in passes]).to(self.device, self.dtype))
+        parts = torch.split(feats, [h.shape[0] for h, _ in passes])
+        last = torch.cat([p[-n:] for p, (_, n) in zip(parts, passes)])
+        logits = self.family.logits(self.config, self.lm_head(last)).float()
+        return list(zip(parts, torch.split(logits, [n for _, n in passes])))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits [1, T, vocab] at every position of hidden states [1, T, H]."""
+        return self.finish([(h[0], h.shape[-2])])[0][1][None]

@@ -1,0 +1,1 @@
+"""A chat: templates, history and the context's fit."""

@@ -1,0 +1,91 @@
+"""The host's return link: the last member's results come back here, each to the pass waiting for it.
+
+A pass is sent to the first member with a sequence number and waits for the reply of that number; the reply's
+hidden states land straight in the place the pass keeps for them, where they fit it. A member declared lost fails
+every pass waiting on the ring at once.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+import trio
+
+from peers.compute import device
+from peers.wire import schema as validate, codec as wire
+from peers.links.channel import Channel, ChannelClosed
+from peers.base.errors import MemberLeft, RingError
+
+
+class ReturnLink:
+    def __init__(self, host):
+        self.host = host  # its ring, first hop, roster, config and device: what the current plan says
+        # (sid, seq) -> where its reply goes, and the tensor its hidden states land in (None: one of their own)
+        self.waiting: dict[tuple[str, int], tuple[trio.MemorySendChannel, torch.Tensor | None]] = {}
+        self.seq = itertools.count()
+        self.sent = self.answered = 0  # frames sent round (each a pass of one or more conversations), answered
+
+    async def serve(self, ch: Channel) -> None:
+        """The last hop's results come back here; hand each to the pass waiting for it."""
+        while True:
+            msg = await ch.recv(into=self._landing)
+            if msg["t"] == "cancel":  # the host's own cancel, come round the ring: every member has it
+                continue
+            if msg["t"] not in ("fwd", "fail"):
+                raise wire.WireError(f"unexpected {msg['t']!r} on the return link")
+            waiter = self._waiter(msg)
+            if waiter is not None:
+                waiter[0].send_nowait(msg)
+
+    def _waiter(self, msg: dict):
+        """The pass waiting for a returned frame, if any: its sid and seq are whatever a member sent (a list, say)."""
+        sid, seq = msg.get("sid"), msg.get("seq")
+        return self.waiting.get((sid, seq)) if isinstance(sid, str) and isinstance(seq, int) else None
+
+    def _landing(self, msg: dict, n: int) -> memoryview:
+        """Where the last hop's hidden states land, once checked: in the place their pass keeps for them, if they
+        fit it; else a buffer of their own (pinned if they go on to a GPU)."""
+        place = (self._waiter(msg) or (None, None))[1]
+        return validate.landing(msg, n, self.host.config.hidden_size, device.pinned(self.host.device), place)
+
+    async def round_trip(self, frame: dict, n_positions: int, sent: list, place: torch.Tensor | None = None) -> dict:
+        """Send a pass to the first member and wait for the last one's reply (RingError if the ring fails it); the
+        reply's hidden states land in `place` if they fit it."""
+        seq = frame["seq"] = frame["seq"] if "seq" in frame else next(self.seq)
+        send, recv = trio.open_memory_channel(1)
+        self.waiting[(frame["sid"], seq)] = (send, place)
+        try:
+            await self.host.first_hop.send(frame)
+            self.sent += 1
+            for event in sent:
+                if event is not None:
+                    event.set()  # the host's part is done: the round is on the wire
+            reply = await self._await_reply(recv, pass_timeout(n_positions))
+        except (ChannelClosed, trio.TooSlowError) as e:
+            raise RingError(f"the ring did not answer: {e}") from None
+        finally:
+            del self.waiting[(frame["sid"], seq)]
+        if reply["t"] == "fwd":
+            self.answered += 1
+        if reply["t"] == "fail":
+            if reply.get("oom"):
+                self.host.roster.out_of_memory(reply.get("member"), str(reply.get("error")))
+            raise RingError(str(reply.get("error")))
+        return reply
+
+    async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:
+        """The pass's result, or RingError as soon as a ring member is declared lost."""
+        deadline = trio.current_time() + timeout
+        while trio.current_time() < deadline:
+            with trio.move_on_after(0.1):
+                return await recv.receive()
+            lost = [m for m in self.host.ring if m.state == "lost"]
+            if lost and lost[0].left:
+                raise MemberLeft(f"member {lost[0].id} ({lost[0].name}) left")
+            if lost:
+                raise RingError(f"member {lost[0].id} ({lost[0].name}) was lost: {lost[0].error}")
+        raise trio.TooSlowError
+
+
+def pass_timeout(n_tokens: int) -> float:
+    return 60.0 + n_tokens * 0.5

@@ -1,0 +1,1 @@
+"""Frames over streams: channels, the handshake, TLS, dialling, the relay, link shaping and the control protocol."""

@@ -1,0 +1,247 @@
+"""Planning and loading: split the layers over the host and the live members (peers/plan/layers.py), load the host's
+span, have each member load its own, and wire the ring in pass order.
+
+Each plan is a new epoch. Frames carry the epoch they were made under, and every stage's caches belong to one
+epoch: after a re-plan each conversation replays its committed tokens (peers/host/session.py).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from peers.models import hub, source as models
+from peers.links import dial as links
+from peers.links.auth import AuthError, client_handshake
+from peers.links.channel import Channel, ChannelClosed
+from peers.base.errors import FitError, ModelError, RingError
+from peers.plan.roster import Member, Roster
+from peers.plan.gate import PassGate
+from peers.compute.memory import free_bytes, give_back
+from peers.base.limits import CONVERSATIONS
+from peers.plan.layers import QUANT_BYTES, ModelSize, Offer, covers, host_bytes, plan, planned_bytes
+from peers.compute.shard import Shard
+from peers.base.dtypes import DTYPES
+from peers.links.tls import Endpoint as TLSEndpoint
+
+log = logging.getLogger("sfchat.host")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The model the ring runs, and how the host loads its own part of it."""
+
+    spec: str  # what members are told: what the user named, a hub id pinned to the host's commit
+    dir: Path
+    source: models.Source  # where the host gets the files of its span (a hub model: fetched as needed)
+    config: object
+    fingerprint: str
+    dtype: str
+    quant: str
+    device: str
+    size: ModelSize  # what the plan weighs (peers/plan/layers.py)
+    max_context: int
+    graphs: bool = True  # CUDA graphs of the host's short passes
+    conversations: int = CONVERSATIONS  # rows of every member's KV arena (peers/compute/kv.py)
+
+
+class Planner:
+    """The current plan: the host's shard, the members holding layers in pass order, and the link to the first."""
+
+    def __init__(self, target: Target, roster: Roster, *, offer_gb: float | None, token: str, tls: TLSEndpoint,
+                 on_change):
+        self.target, self.roster, self.offer_gb = target, roster, offer_gb
+        self.token, self.tls, self.on_change = token, tls, on_change
+        self.shard: Shard | None = None
+        self.ring: list[Member] = []  # members with layers, in pass order
+        self.epoch = 0
+        self.first_hop: Channel | None = None
+        self.gate = PassGate()  # passes share the ring, a re-plan waits for them and has it alone
+        self.drafter_bytes = 0  # what a drafter built before the plan holds on the host
+        self.host_planned = 0  # what the plan counts for the host's own part
+        self.download = hub.Progress()  # the host's own fetch, for its row in the ring panel
+        self.bars = True  # download bars on the terminal (not under a screen that shows the ring)
+        self.left_out: list[str] = []  # why members were left out since the last plan that held, for a FitError
+        self.planned = 0  # the last epoch handed out (a failed try's too)
+        self.why = ""  # why the last re-plan failed: the ring answers nothing until one succeeds
+
+    def host_offer(self) -> int:
+        """What the host offers, the embedding, head and drafter included (the plan takes them off)."""
+        return int(self.offer_gb * 2**30) if self.offer_gb is not None else free_bytes(self.target.device)
+
+    def offers(self, live: list[Member]) -> list[Offer]:
+        t = self.target
+        return [Offer("host", self.host_offer(), t.dtype, t.quant)] + [
+            Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
+                  m.quant if m.quant in QUANT_BYTES else "none") for m in live]
+
+    def problem(self) -> str:
+        """Why the ring cannot answer now, or '' when it can: its spans must hold every layer exactly once, in pass
+        order, each member ready under the current plan. Checked before every pass, so an answer is never computed
+        by part of the model."""
+        if self.shard is None:
+            return self.why or "the host holds no layers yet"
+        spans = [self.shard.span] + [m.span for m in self.ring]
+        if not covers(spans, self.target.size.n_layers):
+            return self.why or "the ring's layers " + ", ".join(map(str, spans)) + " do not cover the model"
+        for m in self.ring:
+            if m.state != "ready" or m.epoch != self.epoch:
+                return self.why or f"member {m.id} ({m.name}) is {m.state}" + (f": {m.error}" if m.error else "")
+        return ""
+
+    def healthy(self) -> bool:
+        return not self.problem()
+
+    async def replan(self, host_port: int, *, unless_past: int | None = None) -> None:
+        """Split the layers over the host and every live member, load, and wire the ring. A member that cannot
+        take its span (a failed download or load, out of memory, gone) is left out and the rest planned again, so
+        the host takes back its layers where it can; where the rest cannot hold the model, FitError, and passes
+        are refused (problem()) until a plan succeeds. `unless_past`: a failed pass's epoch; nothing to do if
+        another conversation's recovery has re-formed the ring since."""
+        async with self.gate.alone():
+            if unless_past is not None and self.epoch > unless_past and self.healthy():
+                return
+            try:
+                while not await self._replan(host_port):
+                    pass
+            except Exception as e:  # noqa: BLE001 - recorded for problem(), then raised as it was
+                self.why = str(e) or type(e).__name__
+                self.on_change()
+                raise
+            self.why, self.left_out = "", []
+
+    def _leave_out(self, bad: list[Member]) -> None:
+        """Members that did not take their spans are out of the next plan, except one that failed beside a lost
+        one (its next hop, say): that is planned in again, and fails the next plan alone if the fault was its own."""
+        beside_lost = any(m.state == "lost" for m in bad)
+        for m in bad:
+            if beside_lost and m.state != "lost" and not m.oom and not m.leaving:
+                m.state, m.error = "joining", ""
+                continue
+            if m.state != "lost":
+                m.state = "failed"
+            self.left_out.append(m.error if m.oom else f"member {m.id} ({m.name}): {m.error or m.state}")
+            say_left_out(m)
+
+    async def _replan(self, host_port: int) -> bool:
+        """One plan; False if members could not take their spans (out of the next). The host loads its own span
+        last, once every member is ready: a plan that fails on the way leaves the host's layers as they were."""
+        t = self.target
+        live = self.roster.live()
+        # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
+        try:
+            spans = plan(t.size, self.offers(live), t.max_context, self.drafter_bytes, t.conversations)
+        except FitError as e:
+            if self.left_out:  # say why the ring is smaller than it was
+                raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}") from None
+            raise
+        await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
+        self.planned = epoch = max(self.planned, self.epoch) + 1  # a new number each try: no late "ready" counts
+        ring = [m for m, s in zip(live, spans[1:]) if s.size]
+        offers = self.offers(live)
+        planned = [planned_bytes(t.size, o, s, t.max_context, t.conversations) for o, s in zip(offers, spans)]
+        self.host_planned = planned[0] + host_bytes(t.size, t.dtype, self.drafter_bytes)
+        for m, s, b in zip(live, spans[1:], planned[1:]):
+            m.assign(s, epoch)
+            m.planned_bytes = b
+        self.on_change()
+        for i, m in enumerate(ring):
+            nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"
+            pin = ring[i + 1].tls_fingerprint if i + 1 < len(ring) else self.tls.fingerprint
+            try:
+                await m.ctl.send({"t": "assign", "epoch": epoch, "member": m.id, "model": t.spec,
+                                  "config_fingerprint": t.fingerprint,
+                                  "span_fingerprint": await trio.to_thread.run_sync(
+                                      t.source.identity, m.span.start, m.span.end),
+                                  "start": m.span.start,
+                                  "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt, "next_tls": pin,
+                                  "host_port": host_port, "max_context": t.max_context,
+                                  "conversations": t.conversations})
+            except ChannelClosed:
+                m.state = "lost"
+        for m in ring:
+            with trio.move_on_after(600):
+                await m.ready.wait()
+        bad = [m for m in ring if m.state != "ready"]
+        if bad:
+            self._leave_out(bad)
+            return False
+        if self.shard is None or self.shard.span != spans[0]:
+            if self.shard is not None:
+                self.shard.close()
+            self.shard = None  # free the old span before loading the new one
+            give_back(t.device)
+            self.shard = await trio.to_thread.run_sync(
+                lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
+                              device=t.device, graphs=t.graphs, context=t.max_context,
+                              conversations=t.conversations))
+        if self.first_hop is not None:
+            await self.first_hop.aclose()
+            self.first_hop = None
+        if ring:
+            try:
+                stream = await TLSEndpoint.dial(await links.dial(ring[0].data_addr), ring[0].tls_fingerprint)
+                self.first_hop = Channel(stream, "first hop")
+                await client_handshake(self.first_hop, self.token, "data")
+            except (OSError, AuthError, ChannelClosed, trio.BrokenResourceError) as e:
+                # gone since it said ready (killed), or not where it says it listens: planned out, like a failure
+                self.first_hop = None
+                m = ring[0]
+                if m.state != "lost":
+                    m.state, m.error = "failed", f"cannot be reached at {m.data_addr}: {e}"
+                self._leave_out([m])
+                return False
+        self.ring, self.epoch = ring, epoch
+        log.info("ring epoch %d: host %s%s", epoch, spans[0],
+                 "".join(f" -> member {m.id} {m.span}" for m in ring))
+        self.on_change()
+        return True
+
+    async def _fetch_own(self, span) -> None:
+        """The files of the host's span, embedding, norm and head (a hub model's: fetched if missing)."""
+        try:
+            await trio.to_thread.run_sync(lambda: self.target.source.fetch(
+                span.start, span.end, embed=True, head=True, progress=self.download, bars=self.bars))
+        except ModelError as e:
+            raise RingError(str(e)) from None
+        finally:
+            self.on_change()
+
+    def fetching(self) -> dict | None:
+        d = self.download
+        return {"file": d.file, "done": d.done + d.current, "total": d.total} if d.active else None
+
+    async def replan_logged(self, host_port: int, unless_past: int | None = None) -> None:
+        try:
+            await self.replan(host_port, unless_past=unless_past)
+        except RingError as e:
+            log.error("re-plan failed: %s", e)
+
+    async def recover(self, host_port: int, failed_epoch: int, attempts: int = 5) -> None:
+        """After a pass under `failed_epoch` failed: re-plan over the members still alive (the host takes what is
+        left, as memory allows); each session then replays its committed tokens in one prefill on its next pass.
+        Every conversation in flight sees the failure; the first to get here re-plans for all of them."""
+        for i in range(attempts):
+            await trio.sleep(0.2 * (i + 1))
+            try:
+                return await self.replan(host_port, unless_past=failed_epoch)
+            except FitError:  # the members left cannot hold the model: no retry helps
+                raise
+            except RingError as e:  # a member failed while loading: it is excluded from the next plan
+                log.warning("re-plan failed: %s", e)
+        raise RingError(f"could not re-form the ring after {attempts} attempts")
+
+
+def say_left_out(m: Member) -> None:
+    """One line for a member planned out: why it cannot serve; a joiner that tries again (--stay) and fails the same
+    way is said once more, as "still", then no more. A lost member's loss was said when it happened."""
+    if m.state == "lost" and not m.leaving:
+        log.debug("member %d (%s) left out of the ring: %s", m.id, m.name, m.error or m.state)
+    elif m.error and m.error == m.failed_before:
+        if not m.said_still:
+            log.warning("member %d (%s) still cannot serve (it tries again later): %s", m.id, m.name, m.error)
+        m.said_still = True
+    else:
+        log.warning("member %d (%s) cannot serve: %s; left out of the ring", m.id, m.name, m.error or m.state)

@@ -1,0 +1,1 @@
+"""Drafting and verifying: the generation loop, rounds in flight, how many drafts, sampling, trees and drafters."""

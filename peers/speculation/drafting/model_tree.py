@@ -1,0 +1,42 @@
+"""A model draft's trees (EAGLE-2's dynamic tree, peers/speculation/drafting/grow.py): the draft's own probabilities rank its
+guesses, and each level of the tree is one forward of the draft over all the level's nodes, each at its depth and
+seeing the context and its own ancestors only (peers/speculation/tree.py's mask). The draft's cache takes the tree's entries
+while it grows and gives them back after: the ring's answer decides what the context becomes.
+
+All it asks of the draft is `sync(context)` (the cache follows the context; the logits after its last token) and
+`forward_nodes(tokens, parents, n)` (the logits after each of the last n nodes of the tree so far, each node seeing
+the context and its own ancestors).
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from peers.speculation.sampling import SamplingParams, pad_vocab, position_generator
+from peers.speculation.tree import BRANCHES, Draft
+from peers.speculation.tree_sampling import sampled_children
+from peers.speculation.drafting.grow import grow, run
+
+
+def draft_tree(draft, context: list[int], floor: float, depth: int, max_nodes: int,
+               stop: threading.Event | None, params: SamplingParams) -> Draft:
+    """(on the draft's own thread) The tree of drafts after `context`."""
+    logits = draft.sync(context)
+    base = len(context)
+    gen = None if params.greedy else position_generator(params.seed, base, stream=0)
+
+    def children(row: torch.Tensor):
+        if gen is None:
+            p = torch.softmax(row.float(), -1)
+            values, ids = p.topk(BRANCHES)
+            return list(zip(ids.tolist(), values.tolist())), None
+        q = pad_vocab(params.probs(row[None])[0], draft.target_vocab)
+        return sampled_children(q, BRANCHES, gen), q
+
+    def expand(level, tokens, parents):
+        rows = draft.forward_nodes(list(tokens), list(parents), len(level))
+        return [children(r) for r in rows]
+        yield  # (a generator that never waits)
+
+    return run(grow(children(logits), expand, floor, depth, max_nodes, stop))

@@ -1,0 +1,454 @@
+"""Rounds in flight: an answer keeps several speculative rounds on the ring at once (PipeInfer, arXiv 2407.11798;
+PipeDec, 2504.04104), so a slow link is not idle while a round crosses it.
+
+One tree of drafts lives across rounds. Its root is the answer's last committed token (the head); each node is a
+draft below it with its chance of being reached (the drafter's probability of it given its parent, times its
+parent's chance). A round carries nodes not sent yet. With nothing in flight it is a plain round: the tokens the
+ring lacks and a tree under the head. While rounds are in flight, the next one is a hedge for the place they are
+likeliest to stop without a child for the target's token: under a leaf (the bet that the path to it is accepted
+in full), or beside the child already drafted at an inner node (the draft's next guess there), with the tree
+under it, so that a hedge that is needed carries the answer on as a plain round would. Betting on full
+acceptance alone gains little, since rejections cost a round trip each as before; a hedge that covers a
+rejection keeps the round it is in useful.
+
+Verdicts come back in the order the rounds went. Each walks down from the head while the target's choices are
+known. A choice that is a child in the tree is committed at once, even while that child's own round is still on
+the wire (its keys are on the ring already; only what comes after it waits). A choice that is not is committed as
+the target's own token, and the rest of the tree is dead. A round in flight whose every node is dead is
+cancelled: a member that has not started it skips it (peers/member/passes.py). Sampled rounds verify a node by
+recursive rejection sampling over its children in the order drawn (peers/speculation/tree_sampling.py), so a node's children
+are drafted once, in one draw: a sampled hedge grows only under nodes that have none.
+
+The ring's caches. The host keeps the layout every stage's cache has for this conversation after each frame it
+sent: the committed positions in a row (`base`), then the nodes in the columns they were sent to. A frame names
+`committed` = base and `keep`: the columns of the nodes still alive or committed, in order. Each stage moves them
+up to base and appends the frame's rows after them (peers/compute/kv.py): one rollback rule for everything, replays,
+repeats and cancelled rounds included. An ancestor is always sent before its descendants, so the committed nodes
+lead the kept ones and base grows by them.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+import trio
+
+from peers.speculation.adaptive import MAX_IN_FLIGHT, KPolicy
+from peers.host.batcher import Round
+from peers.speculation.drafting import Drafter
+from peers.base.errors import RingError
+from peers.host.host import Host, RingSession
+from peers.speculation.sampling import SamplingParams, draw, position_generator
+from peers.speculation.stats import RoundStats
+from peers.speculation.tree import Draft
+from peers.speculation.tree_sampling import ACCEPT, RESIDUAL, reject_children
+
+END_POINTS = 2  # stops of the rounds in flight a round considers hedging: the likeliest (each is drafted)
+# a hedge's tree keeps the nodes at least this share as likely as the hedge: caught with nothing under it, a
+# hedge gains one token and moves the next plain round later by that
+HEDGE_TREE = 0.1
+
+
+@dataclass(eq=False)
+class Node:
+    token: int
+    parent: Node | None
+    pos: int  # its position in the conversation
+    cond: float = 1.0  # the drafter's chance of it given its parent (1: the target's own token)
+    q: torch.Tensor | None = None  # (sampled drafts) the distribution it was drawn from: its parent's
+    children: list[Node] = field(default_factory=list)  # in the order drafted
+    flight: Flying | None = None  # the round that carried it
+    col: int = -1  # its cache column at every stage, once sent
+    best: int | None = None  # the target's greedy choice after it, once its round is back
+    p: torch.Tensor | None = None  # (sampled) the target's distribution after it
+    feat: torch.Tensor | None = None  # the target's final features at it
+    committed: bool = False
+    dead: bool = False
+
+
+@dataclass(eq=False)
+class Flying:
+    """One round on the ring: its nodes in the frame's row order, and what came back."""
+
+    nodes: list[Node]
+    round: Round
+    in_flight: int
+    drafts: list[Node]  # its nodes that were drafts when it went (the others: tokens the ring lacked)
+    draft_ms: float
+    hidden: bool  # drafted while other rounds were on the wire
+    landed: trio.Event = field(default_factory=trio.Event)
+    result: tuple | None = None
+    error: RingError | None = None
+    cancelled: bool = False
+    caught: bool = False
+    ahead: bool = False  # it went while more than one round was allowed in flight
+
+
+class Flight:
+    """The rounds of one answer with several in flight. `run` extends `tokens` in place until the answer ends or
+    `left` tokens are made; a failed round raises RingError with the session marked for a replay."""
+
+    def __init__(self, host: Host, rs: RingSession, drafter: Drafter, params: SamplingParams, policy: KPolicy,
+                 eos: set[int], tokens: list[int]):
+        self.host, self.rs, self.drafter, self.params, self.policy, self.eos = host, rs, drafter, params, policy, eos
+        self.tokens = tokens
+        self.base = host.committed(rs)  # positions in a row every stage holds
+        root = tokens[self.base - 1] if self.base else None
+        self.root = Node(root, None, self.base - 1, committed=True)  # the last of them (a stand-in: never sent)
+        self.head, self.cols = self.root, []  # the last committed token; the nodes in the columns after base
+        self.unobserved: deque[Node] = deque()  # committed tokens whose features a feature draft has not had
+        for t in tokens[self.base:]:  # tokens the ring lacks: the first round carries them
+            self._commit(Node(t, self.head, self.head.pos + 1))
+        self.flying: deque[Flying] = deque()
+        self.last_landing = time.perf_counter()
+        self.plain_nodes = 0  # the drafts of the last plain round (nothing in flight beside it)
+
+    # --- the tree ------------------------------------------------------------------------------------------
+
+    def _commit(self, n: Node) -> None:
+        n.committed = True
+        n.parent.children = [n]
+        self.head = n
+        self.unobserved.append(n)
+
+    def _kill(self, n: Node) -> None:
+        stack = [n]
+        while stack:
+            m = stack.pop()
+            m.dead = True
+            stack.extend(m.children)
+
+    def _unsent(self) -> list[Node]:
+        """Committed tokens no round has carried yet (the ring lacks them): the head and those above it."""
+        out, n = [], self.head
+        while n is not self.root and n.flight is None and n.col < 0:
+            out.insert(0, n)
+            n = n.parent
+        return out
+
+    def _alive(self) -> list[Node]:
+        """The head and every node below it, parents first."""
+        out, stack = [], [self.head]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(reversed(n.children))
+        return out
+
+    @staticmethod
+    def _below(n: Node) -> int:
+        """How many nodes the tree has under n."""
+        count, stack = 0, list(n.children)
+        while stack:
+            m = stack.pop()
+            count += 1
+            stack.extend(m.children)
+        return count
+
+    @staticmethod
+    def _path(n: Node, top: Node) -> list[int]:
+        """The tokens from below `top` down to n."""
+        out = []
+        while n is not top:
+            out.insert(0, n.token)
+            n = n.parent
+        return out
+
+    def _chance(self, n: Node) -> float:
+        """Its chance of being reached from the head."""
+        c = 1.0
+        while n is not self.head:
+            c *= n.cond
+            n = n.parent
+        return c
+
+    # --- the rounds ----------------------------------------------------------------------------------------
+
+    async def next_round(self, left: int) -> Flying | None:
+        """The next round to send, drafted now, or None when none is worth sending."""
+        if any(g.error is not None for g in self.flying):
+            return None  # a round failed: nothing more builds on it (its verdict raises the failure)
+        unsent = self._unsent()
+        live = sum(not g.cancelled for g in self.flying)
+        if not unsent and (not live or live >= self.policy.rounds_in_flight()):
+            return None
+        t0 = time.perf_counter()
+        new = unsent + await self._draft(left, plain=not live, room=self.host.round_positions() - len(unsent))
+        if not new:
+            return None
+        draft_ms = (time.perf_counter() - t0) * 1e3
+        return self._frame(new, draft_ms, hidden=live > 0)
+
+    async def _draft(self, left: int, plain: bool, room: int) -> list[Node]:
+        """New draft nodes (at most `room`): a plain round's tree under the head, or a hedge: where a round in
+        flight may stop, the draft's next guess there and the tree under it (a hedge alone, with nothing under
+        it, would only move the next plain round later by a token)."""
+        position_ms = min(self.policy.verify_ms, self.policy.busiest_ms / self.plain_nodes) if self.plain_nodes \
+            else self.policy.verify_ms
+        k, floor, nodes = self.policy.flight_plan(self.drafter.ms_per_token, plain, position_ms)
+        k, nodes = min(k, left - 1), min(nodes, room)
+        if not plain and self.plain_nodes:  # a hedge takes no more of every stage than a plain round does
+            nodes = min(nodes, self.plain_nodes)
+        if k <= 0:
+            return []
+        options = []  # (the chance it is needed, the stop it covers, its nodes with their chances)
+        for chance, at in self._ends(floor):
+            context = self.tokens + self._path(at, self.head)
+            # as many nodes as are below it already, and `nodes` more: the draft ranks the ones sent among them
+            d = await self.drafter.draft_tree(context, floor / chance if chance else 1.0, k,
+                                              nodes + self._below(at), params=self.params)
+            made = self._graft(at, chance, d)
+            guesses = {id(n) for _, n in made if n.parent is at}  # new children of the stop: the hedges
+            mine = [(c, n) for c, n in made if id(self._child_of(n, at)) in guesses]
+            ours = {id(n) for _, n in mine}
+            for _, n in made:  # the rest is under another stop (its own hedge is drafted there): out of the tree
+                if id(n) not in ours and n in n.parent.children:
+                    n.parent.children.remove(n)
+            if mine:
+                options.append((max(c for c, _ in mine), at, mine))
+        options.sort(key=lambda o: -o[0])
+        chosen: list[tuple[float, Node]] = []
+        for i, (_, _, mine) in enumerate(options):
+            if plain or i == 0:  # a plain round: the tree under the head; a hedge round: one stop's
+                chosen += mine
+        chosen.sort(key=lambda cn: -cn[0])  # (stable: a parent as likely as its child stays before it)
+        if not plain and chosen and chosen[0][0] >= floor:  # a hedge worth sending, and the tree under it
+            floor = chosen[0][0] * HEDGE_TREE
+        chosen = [(c, n) for c, n in chosen[:nodes] if c >= floor]
+        if plain and self.policy.tree_nodes is None:  # as many as the pass costs of this ring make worth it
+            chosen = chosen[:self.policy.select([c for c, _ in chosen], len(self._unsent()))]
+        if plain:
+            self.plain_nodes = max(len(chosen), 1)
+        sent = {id(n) for _, n in chosen}
+        for _, _, mine in options:  # what is not sent is not in the tree
+            for _, n in mine:
+                if id(n) not in sent and n in n.parent.children:
+                    n.parent.children.remove(n)
+        return sorted((n for _, n in chosen), key=lambda n: n.pos)
+
+    @staticmethod
+    def _child_of(n: Node, top: Node) -> Node | None:
+        """The child of `top` that n is under (or is), if any."""
+        while n.parent is not None and n.parent is not top:
+            n = n.parent
+        return n if n.parent is top else None
+
+    def _ends(self, floor: float) -> list[tuple[float, Node]]:
+        """The likeliest places the rounds in flight stop at, where new nodes may go: (the chance of stopping
+        there, the node). Greedy: a node's chance less its children's (the target's token there is none of
+        them); sampled: only nodes with no children yet (their children are drawn once)."""
+        out = []
+        for n in self._alive():
+            if n.best is not None or n.p is not None:
+                continue  # resolved already (the walk goes past it as soon as it can)
+            chance = self._chance(n)
+            if self.params.greedy:
+                stop = chance - sum(self._chance(c) for c in n.children)
+            else:
+                stop = 0.0 if n.children else chance
+            if stop >= floor and stop > 0:
+                out.append((stop, n))
+        out.sort(key=lambda sn: -sn[0])
+        return [(self._chance(n), n) for _, n in out[:END_POINTS]]
+
+    def _graft(self, at: Node, chance: float, d: Draft) -> list[tuple[float, Node]]:
+        """The draft's tree under `at`, merged into the tree: a token already a child there is that child. Returns
+        the new nodes with their chances from the head."""
+        mapped: dict[int, Node] = {-1: at}
+        out = []
+        for i, (t, parent) in enumerate(zip(d.tokens, d.parents)):
+            up = mapped.get(parent)
+            if up is None:
+                continue
+            known = next((c for c in up.children if c.token == t), None)
+            if known is not None:
+                mapped[i] = known
+                continue
+            if not self.params.greedy and any(c.col >= 0 or c.flight is not None for c in up.children):
+                continue  # a sampled node's children are drawn once
+            up_sure = d.sure[parent] if parent >= 0 else 1.0
+            n = Node(t, up, up.pos + 1, cond=d.sure[i] / up_sure if up_sure > 0 else 0.0,
+                     q=d.q[i] if d.q is not None else None)
+            up.children.append(n)
+            mapped[i] = n
+            out.append((chance * d.sure[i], n))
+        return out
+
+    def _frame(self, new: list[Node], draft_ms: float, hidden: bool) -> Flying:
+        """The frame for these new nodes, and the layout every stage's cache will have after it."""
+        kept = [n for n in self.cols if not n.dead]
+        order = kept + new
+        index = {id(n): i for i, n in enumerate(order)}
+        parents = []
+        for n in order:
+            p = index.get(id(n.parent), -1)
+            if p < 0 and n.parent.pos != self.base - 1:
+                raise AssertionError("a node's parent is neither sent nor the last committed position")
+            parents.append(p)
+        keep = [n.col for n in kept]
+        r = Round(self.rs, [n.token for n in new], [], parents, trio.Event(), committed=self.base, keep=keep)
+        f = Flying(new, r, 1 + sum(not g.cancelled for g in self.flying), [n for n in new if not n.committed],
+                   draft_ms, hidden, ahead=self.policy.rounds_in_flight() > 1)
+        for j, n in enumerate(order):
+            n.col = self.base + j
+        for n in new:
+            n.flight = f
+        lead = 0
+        while lead < len(order) and order[lead].committed:
+            lead += 1
+        self.base += lead
+        self.cols = order[lead:]
+        self.flying.append(f)
+        return f
+
+    async def fly(self, f: Flying) -> None:
+        """(a task) Send the round and keep what comes back."""
+        try:
+            f.result = await self.host.fly(f.round)
+        except RingError as e:
+            f.error = e
+        finally:
+            f.round.sent.set()  # (a round that failed before it went) whoever waits to send the next goes on
+            f.landed.set()
+
+    async def run(self, left: int, report, should_stop=None) -> bool:
+        """Rounds until `left` tokens are made, an end of sequence (returns True) or should_stop(); report(round
+        statistics, new tokens) after each verdict. Every round sent has left the host when this returns, so the
+        next pass of the conversation reaches every stage after them. A failed round raises RingError."""
+        failure, at_eos = None, False
+        self.host.rounds_ahead += MAX_IN_FLIGHT - 1  # the host's batcher lets them go out
+        async with trio.open_nursery() as nursery:
+            try:
+                at_eos = await self._rounds(nursery, left, report, should_stop)
+            except RingError as e:  # caught here, raised below: the nursery would wrap it in a group
+                failure = e
+            finally:
+                with trio.CancelScope(shield=True):  # the members skip what is left of them
+                    await self.host.cancel([(self.rs.sid, g.round.seq) for g in self.flying
+                                            if not g.cancelled and g.round.seq is not None])
+                nursery.cancel_scope.cancel()
+        self.host.rounds_ahead -= MAX_IN_FLIGHT - 1
+        self.settle()
+        if failure is not None:
+            raise failure
+        return at_eos
+
+    async def _rounds(self, nursery, left: int, report, should_stop) -> bool:
+        made = 0
+        while made < left and not (should_stop is not None and should_stop()):
+            while (f := await self.next_round(left - made)) is not None:
+                nursery.start_soon(self.fly, f)
+                await f.round.sent.wait()
+            if not self.flying:
+                break
+            f = self.flying.popleft()
+            await f.landed.wait()
+            new, at_eos, cancel, r = self.land(f, left - made)
+            made += len(new)
+            if cancel:
+                nursery.start_soon(self.host.cancel, cancel)
+            report(r, new)
+            if at_eos:
+                return True
+        return False
+
+    # --- the verdicts --------------------------------------------------------------------------------------
+
+    def land(self, f: Flying, left: int) -> tuple[list[int], bool, list[tuple[str, int]], RoundStats]:
+        """The oldest round's reply: the target's choices at its nodes, then the walk from the head. Returns the
+        tokens committed, whether they end the answer, the rounds to cancel, and the round's statistics."""
+        if f.error is not None:
+            self.rs.lost()
+            raise f.error
+        logits, timing = f.result
+        t0 = time.perf_counter()
+        if logits is not None:
+            best, feats = timing["best"], timing["feats"]
+            probs = None if self.params.greedy else self.params.probs(logits)
+            for j, n in enumerate(f.nodes):
+                if not n.dead:
+                    n.best, n.feat = best[j], feats[j]
+                    if probs is not None:
+                        n.p = probs[j]
+        new, at_eos = self._walk(left)
+        verify_ms = (time.perf_counter() - t0) * 1e3
+        self._observe()
+        cancel = []
+        for g in self.flying:
+            if not g.cancelled and g.round.seq is not None and all(n.dead for n in g.nodes):
+                g.cancelled = True
+                cancel.append((self.rs.sid, g.round.seq))
+        now = time.perf_counter()
+        # every node of it is decided by now: its parent's round is this one or an earlier one
+        accepted = sum(n.committed for n in f.drafts)
+        depth = max(n.pos for n in f.drafts) - min(n.pos for n in f.drafts) + 1 if f.drafts else 0
+        r = RoundStats(k=len(f.drafts), drafted=len(f.drafts), accepted=accepted, committed=len(new),
+                       draft_ms=0.0 if f.hidden else round(f.draft_ms, 3),
+                       hidden_draft_ms=round(f.draft_ms, 3) if f.hidden else 0.0,
+                       network_ms=round(timing.get("network_ms", 0.0), 3),
+                       host_ms=round(timing.get("host_ms", 0.0), 3), peers=timing.get("peers", []),
+                       verify_ms=round(verify_ms, 3),
+                       round_ms=round((now - self.last_landing) * 1e3, 3), tree=True,
+                       depth=depth, batch=timing.get("batch", 1), in_flight=f.in_flight,
+                       cancelled=f.cancelled or logits is None, caught=f.caught)
+        self.last_landing = now
+        self.policy.pace(f.ahead, len(new), r.round_ms)
+        if logits is not None and f.in_flight == 1:  # (a round queued behind others says little of pass costs)
+            self.policy.stages(timing)
+            self.policy.update(len(f.drafts), accepted, timing["pass_ms"] + verify_ms, len(f.nodes),
+                               share=1 / r.batch, others=max(timing.get("positions", len(f.nodes)) - len(f.nodes), 0))
+        return new, at_eos, cancel, r
+
+    def _walk(self, left: int) -> tuple[list[int], bool]:
+        """Down from the head while the target's choice there is known; commits at most `left` tokens."""
+        new: list[int] = []
+        while len(new) < left:
+            h = self.head
+            if h.best is None and h.p is None:
+                break
+            child, token = self._choose(h)
+            for c in h.children:
+                if c is not child:
+                    self._kill(c)
+            if child is None:  # the target's own token: the next round carries it
+                child = Node(token, h, h.pos + 1)
+            elif h.children and child is not h.children[0] and child.flight is not h.children[0].flight:
+                child.flight.caught = True  # a hedge sent after the first guess caught this rejection
+            self._commit(child)
+            self.tokens.append(token)
+            new.append(token)
+            if token in self.eos:
+                return new, True
+        return new, False
+
+    def _choose(self, h: Node) -> tuple[Node | None, int]:
+        """The target's token after h: one of its children, or (None, a token of its own)."""
+        if self.params.greedy:
+            return next((c for c in h.children if c.token == h.best), None), h.best
+        at = h.pos + 1
+        kids = h.children
+        if not kids or kids[0].q is None:  # a deterministic draft: draw from p, then look for it
+            y = draw(h.p, position_generator(self.params.seed, at, ACCEPT))
+            return next((c for c in kids if c.token == y), None), y
+        j, rest = reject_children(h.p, kids[0].q, [c.token for c in kids], self.params.seed, at)
+        if j is not None:
+            return kids[j], kids[j].token
+        return None, draw(rest, position_generator(self.params.seed, at, RESIDUAL))
+
+    def _observe(self) -> None:
+        """The target's features at the committed tokens, in order, for a draft that reads them."""
+        done = []
+        while self.unobserved and self.unobserved[0].feat is not None:
+            done.append(self.unobserved.popleft())
+        if done:
+            self.drafter.observe(done[0].pos, [n.token for n in done], torch.stack([n.feat for n in done]))
+
+    def settle(self) -> None:
+        """(the answer ends, or a round failed) The session as the plain rounds keep it: every stage holds the
+        committed positions in a row up to base (and lacks the last token, whose logits the next pass reads)."""
+        self.rs.length = len(self.tokens)
+        self.rs.filled = max(self.rs.filled, self.base)
+        self.rs.ring_len = min(self.base, len(self.tokens) - 1)
+
