@@ -16,13 +16,22 @@ from pathlib import Path
 from sfchat.local import PARENT_PID, LocalPeers, child_env
 
 ZYGOTE = Path(__file__).with_name("peer_zygote.py")
+# read by torch, transformers or huggingface_hub when imported: a forked child keeps the zygote's values, so a
+# peer asked for with other values of these starts as a fresh interpreter (test_hub's HF_ENDPOINT, say)
+IMPORT_TIME_ENV = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "OMP_", "MKL_", "KMP_", "TORCH_",
+                   "PYTORCH_", "CUDA_", "PYTHON")
+
+
+def import_time_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
 
 
 class Zygote:
     def __init__(self):
         self.lock = threading.Lock()
+        self.env = child_env()
         self.proc = subprocess.Popen([sys.executable, "-P", str(ZYGOTE)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=child_env())
+                                     stdout=subprocess.PIPE, text=True, env=self.env)
 
     def ask(self, req: dict) -> dict:
         with self.lock:
@@ -81,6 +90,8 @@ class ForkedPeer:
 class ForkedLocalPeers(LocalPeers):
     def start(self, cmd: list[str], log: Path, env: dict[str, str]) -> ForkedPeer:
         zyg = zygote()
+        if import_time_env(env) != import_time_env(zyg.env):
+            return super().start(cmd, log, env)  # a fork would keep the zygote's values
         argv = cmd[cmd.index("sfchat") + 1:]  # what follows `python -P -m sfchat`
         pid = zyg.ask({"start": argv, "env": env | {PARENT_PID: str(zyg.proc.pid)}, "cwd": os.getcwd(),
                        "log": str(log)})["pid"]

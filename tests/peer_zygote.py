@@ -1,7 +1,11 @@
 """A process that imports what `sfchat join` imports, once, then forks a peer process per request: each child runs
 `sfchat join`'s own main on its own sockets, without the ~4 s of CPU that importing torch and transformers costs
-every fresh interpreter (tests/forked_peers.py). It never runs a torch op, and has no Python thread but its own
-when it forks (importing torch starts one idle native thread, as under any multiprocessing fork of torch).
+every fresh interpreter (tests/forked_peers.py). It never runs a torch op. A fork copies only the thread that
+forks, so before each one `fork_safe` asserts that no thread was started since the imports (counted in
+/proc/self/task, native threads included: importing torch starts one idle thread, the same in every child) and
+that CUDA was never initialised. Environment read at import time (HF_*, TRANSFORMERS_*, OMP_* ...: see
+tests/forked_peers.py IMPORT_TIME_ENV) keeps the zygote's values in a child, so a request that changes one starts a
+fresh interpreter instead.
 
 Requests on stdin, one JSON line each, a JSON line back on stdout:
   {"start": argv, "env": {...}, "cwd": dir, "log": path} -> {"pid": pid}
@@ -19,6 +23,17 @@ import sfchat.local
 import peers.member.peer  # noqa: F401
 
 codes: dict[int, int] = {}
+TASKS = set(os.listdir("/proc/self/task"))  # this process's threads once the imports are done
+
+
+def fork_safe() -> None:
+    """Raise unless forking now gives a child whose every lock is free: no thread (Python's or native) was
+    started since the imports, and CUDA, whose driver state a fork cannot copy, was never initialised."""
+    now = set(os.listdir("/proc/self/task"))
+    assert now == TASKS, f"the zygote started threads since its imports ({len(now)} now, {len(TASKS)} then)"
+    assert threading.active_count() == 1, "a fork copies only the thread that forks"
+    torch = sys.modules.get("torch")
+    assert torch is None or not torch.cuda.is_initialized(), "CUDA was initialised in the zygote"
 
 
 def reap(*_) -> None:
@@ -63,12 +78,13 @@ def run_child(req: dict) -> None:
 
 
 def main() -> None:
-    assert threading.active_count() == 1, "a fork copies only the thread that forks"
+    fork_safe()
     signal.signal(signal.SIGCHLD, reap)
     sfchat.local.die_with_parent()  # it goes with the test process, and its children with it
     for line in sys.stdin:
         req = json.loads(line)
         if "start" in req:
+            fork_safe()
             pid = os.fork()
             if pid == 0:
                 run_child(req)
