@@ -95,7 +95,7 @@ class SessionCache:
         self.length = max(0, self.length + n) if n < 0 else min(self.length, n)
 
 
-class Writer:
+class ArenaWriter:
     """What transformers' attention layers call as their cache during a padded pass of B rows: `update` writes the
     pass's keys and values [B, kv_heads, T, head_dim] at their rows and columns and returns each row's whole room.
     rows [B], columns [B, T]: tensors on the device (a graph's inputs)."""

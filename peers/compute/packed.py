@@ -29,8 +29,8 @@ class Packed(list):
 
 
 class Caches:
-    """As Writer, for conversations whose caches are transformers' own (a draft's): each segment's keys and values
-    go to its conversation's cache, which returns all of that conversation's."""
+    """As kv.ArenaWriter, for conversations whose caches are transformers' own (a draft's): each segment's keys
+    and values go to its conversation's cache, which returns all of that conversation's."""
 
     def __init__(self, caches: list, bounds: list[tuple[int, int]]):
         self.caches, self.bounds = caches, bounds
@@ -41,7 +41,7 @@ class Caches:
         return Packed([k for k, _ in parts], self.bounds), Packed([v for _, v in parts], self.bounds)
 
 
-class Writer:
+class PackedWriter:
     """The cache transformers' attention layers call during an eager pass: `update` writes each segment's keys and
     values into its conversation's row of the arena (peers/compute/kv.py) at its cache columns and returns, per segment,
     the columns its mask covers."""

@@ -244,7 +244,7 @@ class Shard:
             pos = torch.cat([m[1] for m in metas], dim=1)
             masks = {kind: packed.Packed([self._mask(*m, v[layer], kind) for m, v in zip(metas, views)], bounds)
                      for kind, layer in self._kinds().items()}
-            h = self._layers(h, masks, pos, packed.Writer(self.arena, rows, self.span.start, indices, views, bounds))
+            h = self._layers(h, masks, pos, packed.PackedWriter(self.arena, rows, self.span.start, indices, views, bounds))
         return [h[:, a:b] for a, b in bounds]
 
     def _meta(self, committed: int, m: int, t: int, full: list[int]) -> tuple[torch.Tensor, ...]:
@@ -283,7 +283,7 @@ class Shard:
         view = (0, self.arena.room)
         masks = {kind: self._mask(committed, pos, sees, None, view, kind) for kind in self._kinds()}
         columns = committed[:, None] + torch.arange(t, device=self.device)
-        return self._layers(h, masks, pos, kv.Writer(self.arena, self.span.start, rows, columns))
+        return self._layers(h, masks, pos, kv.ArenaWriter(self.arena, self.span.start, rows, columns))
 
     def _layers(self, h, masks, pos, cache) -> torch.Tensor:
         ropes = self.rotary(h, pos)

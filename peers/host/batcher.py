@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from peers.base.window import GatherWindow
+
 MAX_BATCH = 16  # rounds in one pass (sfchat serve's --max-conversations bounds the conversations first)
 MAX_GATHER_S = 0.05
 
@@ -52,7 +54,7 @@ class Batcher:
         self.flying, self._landed = 0, trio.Event()
         self._send, self._queue = trio.open_memory_channel(math.inf)
         self.back: dict[str, float] = {}  # conversation -> when its last round came back: its next one is due
-        self.gather_s = 0.005  # how long conversations have been taking to come back with their next round (x2)
+        self.window = GatherWindow(0.001, MAX_GATHER_S, 0.005)  # conversations' next rounds come back this close
         self.batches = 0  # passes sent, for the statistics
         self.rounds = 0
 
@@ -97,7 +99,7 @@ class Batcher:
         """The rounds ready now, and those of conversations whose last round just came back (they are drafting
         their next), waited for a little."""
         batch = [await self._queue.receive()]
-        deadline = time.monotonic() + self.gather_s
+        deadline = time.monotonic() + self.window.s
         while len(batch) < self.limit:
             while len(batch) < self.limit:
                 try:
@@ -121,4 +123,4 @@ class Batcher:
         that."""
         took = [r.queued - self.back.pop(r.s.sid) for r in batch if r.s.sid in self.back]
         if took:
-            self.gather_s = min(max(0.001, 2 * max(took)), MAX_GATHER_S)
+            self.window.learn(max(took))

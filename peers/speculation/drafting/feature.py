@@ -22,7 +22,7 @@ from peers.compute.runtime import torch_threads
 from peers.speculation.tree import BRANCHES, Draft
 from peers.speculation.tree_sampling import sampled_children
 from peers.speculation.drafting.base import Drafter, common_prefix
-from peers.speculation.drafting.feature_net import VOCAB_FILE, Step, build, read_meta, tokenizer_fingerprint
+from peers.speculation.drafting.feature_net import VOCAB_FILE, FeatureStep, build, read_meta, tokenizer_fingerprint
 from peers.speculation.drafting.grow import grow
 from peers.speculation.drafting.ngram import followers, lookup
 from peers.speculation.drafting.together import Together
@@ -151,11 +151,11 @@ class FeatureDrafter(Drafter):
     def _feed(self, next_ids: list[int], feats: torch.Tensor, head: bool = True):
         """(steps) Extend the cache by inputs (f_t, x_{t+1}); the predicted feature after the last and (head) the
         head's logits over it."""
-        out, logits = yield Step(self.cache, next_ids, feats, heads=int(head))
+        out, logits = yield FeatureStep(self.cache, next_ids, feats, heads=int(head))
         self.cache_next += next_ids
         return out[-1], (logits[-1] if head else None)
 
-    def _run(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, step: FeatureStep) -> tuple[torch.Tensor, torch.Tensor]:
         """One step alone: the draft's own forward, and its head over the last step.heads rows."""
         ids = torch.tensor([step.ids], device=self.device)
         out = self.model(ids, step.feats[None], cache=step.cache, attention_mask=step.mask,
@@ -302,7 +302,7 @@ class FeatureDrafter(Drafter):
             first = level[0]
             mask = tree.attention_mask(base, len(tokens), parents, device=self.device)[..., first:, :]
             pos = tree.positions(base, len(tokens), parents)[:, first:].to(self.device)
-            out, rows = yield Step(self.cache, [tokens[i] for i in level],
+            out, rows = yield FeatureStep(self.cache, [tokens[i] for i in level],
                                    torch.stack([feats[parents[i]] for i in level]), mask, pos, heads=len(level))
             for j, i in enumerate(level):
                 feats[i] = out[j]

@@ -36,7 +36,7 @@ def tokenizer_fingerprint(tok) -> str:
 
 
 @dataclass
-class Step:
+class FeatureStep:
     """One forward of the draft for one conversation: inputs (f_t, x_{t+1}) after what its cache holds; without a
     mask and positions, causal after the cache."""
 
@@ -70,7 +70,7 @@ class FeatureDraft(torch.nn.Module):
         return self.body(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                          use_cache=cache is not None).last_hidden_state
 
-    def forward_many(self, steps: list[Step]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def forward_many(self, steps: list[FeatureStep]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Several conversations' Steps as one pass (peers/compute/packed.py): each one's predicted features [T, H] and the
         head's logits over its last `heads` rows. The matrices, the head (the draft's largest) among them, run once
         over every step's positions; attention stays within each conversation. Only for a packable body."""

@@ -30,7 +30,7 @@ from peers.speculation.drafting.together import Together
 
 
 @dataclass
-class Step:
+class ModelStep:
     """One conversation's part of a draft forward: ids after the first `committed` positions of its cache."""
 
     cache: SessionCache
@@ -58,26 +58,26 @@ class DraftModel:
         params = {id(p): p for m in self.shard.modules() for p in m.parameters()}.values()
         return sum(p.numel() * p.element_size() for p in params) + self.shard.arena.bytes
 
-    def forward(self, steps: list[Step]) -> list[torch.Tensor]:
+    def forward(self, steps: list[ModelStep]) -> list[torch.Tensor]:
         """The draft's one forward: B conversations' steps in one pass on the device runtime, at the look-ahead
         lane's priority; the float32 logits at each one's last position."""
         return RUNTIME.call(self.device, self._forward, steps, lane=DRAFT)
 
     @torch.inference_mode()
-    def _forward(self, steps: list[Step]) -> list[torch.Tensor]:
+    def _forward(self, steps: list[ModelStep]) -> list[torch.Tensor]:
         # an id only the target has (its padded rows) has no embedding here: the draft reads it as id 0
         xs = [torch.tensor([[t if t < self.vocab else 0 for t in s.ids]]) for s in steps]
         hs = self.shard.forward([(s.cache, s.committed, x, None) for s, x in zip(steps, xs)])
         return [logits[-1] for _, logits in self.shard.finish([(h[0], 1) for h in hs])]
 
-    def forward_tree(self, step: Step, parents: list[int], n: int) -> torch.Tensor:
+    def forward_tree(self, step: ModelStep, parents: list[int], n: int) -> torch.Tensor:
         """A tree pass: step.ids are tree nodes after its committed context (parents as peers/speculation/tree.py's, -1 the
         context's last token), each seeing the context and its own ancestors; the float32 logits [n, vocab]
         after each of the last n nodes."""
         return RUNTIME.call(self.device, self._forward_tree, step, parents, n, lane=DRAFT)
 
     @torch.inference_mode()
-    def _forward_tree(self, step: Step, parents: list[int], n: int) -> torch.Tensor:
+    def _forward_tree(self, step: ModelStep, parents: list[int], n: int) -> torch.Tensor:
         x = torch.tensor([[t if t < self.vocab else 0 for t in step.ids]])
         (h,) = self.shard.forward([(step.cache, step.committed, x, parents)])
         return self.shard.finish([(h[0], n)])[0][1]
@@ -123,7 +123,7 @@ class ModelDrafter(Drafter):
         self.seen = self.seen[:n]
         self.cache.length = min(self.cache.length, n)
 
-    def _run(self, step: Step) -> torch.Tensor:
+    def _run(self, step: ModelStep) -> torch.Tensor:
         return self.model.forward([step])[0]
 
     trees = True  # peers/speculation/drafting/model_tree.py
@@ -148,9 +148,9 @@ class ModelDrafter(Drafter):
         pass after the context (its earlier levels again: the engine's pass sees a committed prefix and its own
         positions only). The nodes' keys and values lie past the context's length, which the next pass rolls
         back by the engine's rule."""
-        return self.model.forward_tree(Step(self.cache, len(self.seen), tokens), parents, n)
+        return self.model.forward_tree(ModelStep(self.cache, len(self.seen), tokens), parents, n)
 
-    def _catch_up(self, context: list[int]) -> Step:
+    def _catch_up(self, context: list[int]) -> ModelStep:
         """The step that brings its cache to `context`: the part it lacks, at least the last token (whose logits
         are wanted)."""
         if self.cache.evicted or self.cache.length < len(self.seen):  # its row went to another conversation
@@ -159,7 +159,7 @@ class ModelDrafter(Drafter):
         if common == len(context):  # context is a prefix of what we saw: recompute its last position
             common -= 1
         self.seen = self.seen[:common]
-        return Step(self.cache, common, context[common:])
+        return ModelStep(self.cache, common, context[common:])
 
     def propose(self, context, n, params, stop=None, floor=0.0, prior=1.0):
         with self.lock:
@@ -187,7 +187,7 @@ class ModelDrafter(Drafter):
             tokens.append(tok)
             if len(tokens) == n or (stop is not None and stop.is_set()):
                 break
-            logits = yield Step(self.cache, len(self.seen), [tok])
+            logits = yield ModelStep(self.cache, len(self.seen), [tok])
             self.seen.append(tok)
         self._measure(time.perf_counter() - t0, len(tokens))
         return tokens, (torch.stack(qs) if qs else None)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import trio
 
-from peers.compute.runtime import DRAFT, RUNTIME
-from peers.compute.runtime import torch_threads
+from peers.base.window import GatherWindow
+from peers.compute.runtime import DRAFT, RUNTIME, torch_threads
 
 log = logging.getLogger("peers.drafting")
 MAX_GATHER_S = 0.01
@@ -52,7 +52,7 @@ class Together:
         self.pending: list[Request] = []
         self.leading = False
         self.expected = weakref.WeakSet()  # the drafters of the last run: they come again, soon
-        self.gather_s = 0.001
+        self.window = GatherWindow(0.0005, MAX_GATHER_S, 0.001)
         self._arrival, self._finished = trio.Event(), trio.Event()
         self.runs = self.requests = 0  # for the statistics
 
@@ -99,7 +99,7 @@ class Together:
 
     async def _gather(self) -> None:
         await trio.sleep(0)  # those woken at this same moment (by one pass's reply) come first
-        deadline = min(r.arrived for r in self.pending) + self.gather_s if self.pending else 0.0
+        deadline = min(r.arrived for r in self.pending) + self.window.s if self.pending else 0.0
         while (now := time.monotonic()) < deadline and not self._all_here():
             self._arrival = trio.Event()
             with trio.move_on_after(deadline - now):
@@ -113,8 +113,7 @@ class Together:
         self.runs += 1
         self.requests += len(batch)
         self.expected = weakref.WeakSet(r.drafter for r in batch)
-        spread = max(r.arrived for r in batch) - min(r.arrived for r in batch)
-        self.gather_s = min(max(0.0005, 2 * spread), MAX_GATHER_S)
+        self.window.learn(max(r.arrived for r in batch) - min(r.arrived for r in batch))
 
     @torch.inference_mode()
     def _drive(self, batch: list[Request]) -> None:
