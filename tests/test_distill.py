@@ -140,10 +140,10 @@ def test_features_of_rejected_drafts_are_never_read(drafts, tiny_llama):
     context = ids[: cut + 1]  # ids[cut] is the target's own token after the rejection
     assert d.propose(context, 3, SamplingParams()) == fresh.propose(context, 3, SamplingParams())
     # the feature buffer grows as a conversation does, keeping what it holds
-    first = torch.randn(300, d.feats.shape[1])
+    first = torch.randn(300, d.seen.feats.shape[1])
     d.observe(0, list(range(300)), first)
-    d.observe(300, list(range(300)), torch.randn(300, d.feats.shape[1]))
-    assert d.n_feats == 600 and len(d.feat_ids) == 600 and torch.equal(d.feats[:300], first)
+    d.observe(300, list(range(300)), torch.randn(300, d.seen.feats.shape[1]))
+    assert d.seen.n_feats == 600 and len(d.seen.feat_ids) == 600 and torch.equal(d.seen.feats[:300], first)
 
 
 def test_resume_and_seed_give_the_same_weights(drafts, tiny_llama, tmp_path):

@@ -22,6 +22,7 @@ from peers.compute.runtime import torch_threads
 from peers.speculation.tree import BRANCHES, Draft
 from peers.speculation.tree_sampling import sampled_children
 from peers.speculation.drafting.base import Drafter, common_prefix
+from peers.speculation.drafting.feature_context import FeatureContext
 from peers.speculation.drafting.feature_net import VOCAB_FILE, FeatureStep, build, read_meta, tokenizer_fingerprint
 from peers.speculation.drafting.grow import grow
 from peers.speculation.drafting.ngram import followers, lookup
@@ -43,9 +44,7 @@ class FeatureDrafter(Drafter):
     and for a disputed copy), which is what the confidence floor needs. The replay that measures it is
     `python scripts/draft_replay.py --prompts heldout`; its figures are in docs/benchmarks.md.
 
-    Cache index t holds the draft's keys and values for input (f_t, x_{t+1}). The first `true_len` indices were
-    computed from the target's real features; later ones (past what the ring has verified, e.g. while drafting
-    ahead during a round trip) from the draft's own predictions, and are recomputed once the real ones arrive."""
+    What it has seen of the conversation, and its cache over that, is `self.seen` (feature_context.py)."""
 
     confident = True  # its head's top probability is a fair estimate of the target's agreement (see _next)
     trees = True  # it drafts trees: its second and third choices, where they are likely enough
@@ -80,15 +79,7 @@ class FeatureDrafter(Drafter):
 
     def _start_conversation(self) -> None:
         """The state that follows one conversation (everything but the weights)."""
-        self.cache = self.new_cache()
-        # the target's features at positions 0..n_feats-1, in a buffer that grows by doubling (observe runs
-        # every round: appending must not copy the whole conversation each time)
-        self.feats = torch.zeros(256, self.hidden_size, device=self.device)
-        self.n_feats = 0
-        self.feat_ids: list[int] = []  # the token at each of those positions
-        self.blind = 0  # leading positions never seen (the draft joined mid-conversation): their features are zeros
-        self.cache_next: list[int] = []  # x_{t+1} behind cache index t
-        self.true_len = 0
+        self.seen = FeatureContext(self.new_cache, self.hidden_size, self.device)
         self.lock = threading.Lock()  # observe (trio thread) never overlaps a proposal (worker thread)
         self.confidence: list[float] = []
 
@@ -106,6 +97,13 @@ class FeatureDrafter(Drafter):
         if self.together is not None:
             self.together.forget(self)
 
+    def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
+        with self.lock:
+            self.seen.observe(start, ids, feats)
+
+    def _crop(self, n: int) -> None:  # (as the model draft's: drafting together restarts a failed draft's cache)
+        self.seen.crop(n)
+
     async def draft(self, context, n, params, stop=None, floor=0.0, prior=1.0):
         if self.together is None:
             return await super().draft(context, n, params, stop, floor, prior)
@@ -117,42 +115,11 @@ class FeatureDrafter(Drafter):
         return await self.together.run(self, self.tree_steps(context, floor, depth, max_nodes, stop,
                                                              params or SamplingParams()))
 
-    def observe(self, start: int, ids: list[int], feats: torch.Tensor) -> None:
-        with self.lock:
-            end = start + len(feats)
-            if end > len(self.feats):
-                grown = self.feats.new_zeros(max(end, 2 * len(self.feats)), self.feats.shape[1])
-                grown[: self.n_feats] = self.feats[: self.n_feats]
-                self.feats = grown
-            if start > self.n_feats:  # positions it never saw (it joined mid-conversation): start over blind
-                self.feats[:start] = 0
-                self.feat_ids, self.blind, self.true_len = [-1] * start, start, 0
-            self.blind = min(self.blind, start)  # a replay brings real features from `start` on
-            self.feats[start:end] = feats.to(self.device, self.feats.dtype)
-            self.n_feats = end
-            self.feat_ids = self.feat_ids[:start] + list(ids)
-            self.true_len = min(self.true_len, start)
-
-    def _known(self, context: list[int]) -> int:
-        """Leading positions whose feature belongs to this very context (not to a rejected draft), the last token
-        excluded: its feature is what the ring computes next. Blind positions count as belonging."""
-        b = min(self.blind, len(context) - 1)
-        return b + common_prefix(self.feat_ids[b:], context[b:], len(context) - 1 - b)
-
-    def _crop(self, n: int) -> None:
-        if n < len(self.cache_next):
-            if n == 0:
-                self.cache = self.new_cache()
-            else:
-                self.cache.crop(n - len(self.cache_next))  # (this cache's crop takes what to drop)
-            self.cache_next = self.cache_next[:n]
-        self.true_len = min(self.true_len, n)
-
     def _feed(self, next_ids: list[int], feats: torch.Tensor, head: bool = True):
         """(steps) Extend the cache by inputs (f_t, x_{t+1}); the predicted feature after the last and (head) the
         head's logits over it."""
-        out, logits = yield FeatureStep(self.cache, next_ids, feats, heads=int(head))
-        self.cache_next += next_ids
+        out, logits = yield FeatureStep(self.seen.cache, next_ids, feats, heads=int(head))
+        self.seen.cache_next += next_ids
         return out[-1], (logits[-1] if head else None)
 
     def _run(self, step: FeatureStep) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,14 +176,15 @@ class FeatureDrafter(Drafter):
         """(steps) Bring the draft's cache up to the context; the predicted feature after its last token and the
         head's logits there (None: nothing verified yet, e.g. a new message, whose pass brings the features)."""
         m = len(context)
-        known = self._known(context)  # indices that can read the target's own feature
+        known = self.seen.known(context)  # indices that can read the target's own feature
         if known < 1 or m - 1 - known > MAX_UNSEEN:
             return None
         # index known-1 is always recomputed: its output starts the drafts
-        common = common_prefix(self.cache_next, context[1:], min(self.true_len, known - 1))
-        self._crop(common)
-        g, logits = yield from self._feed(context[common + 1 : known + 1], self.feats[common:known], known == m - 1)
-        self.true_len = known
+        common = common_prefix(self.seen.cache_next, context[1:], min(self.seen.true_len, known - 1))
+        self.seen.crop(common)
+        g, logits = yield from self._feed(context[common + 1 : known + 1], self.seen.feats[common:known],
+                                          known == m - 1)
+        self.seen.true_len = known
         for t in range(known, m - 1):  # context the ring has not verified: the draft's own guesses stand in
             g, logits = yield from self._feed([context[t + 1]], g[None], t == m - 2)
         return g, logits
@@ -285,7 +253,7 @@ class FeatureDrafter(Drafter):
         fixed = time.perf_counter() - t0
         g, logits = started
         gen = None if params.greedy else position_generator(params.seed, len(context), stream=0)
-        base = len(self.cache_next)  # the draft's cache: index t holds (f_t, x_{t+1}); the tree's go after it
+        base = len(self.seen.cache_next)  # the draft's cache: index t holds (f_t, x_{t+1}); the tree's go after it
         feats, tails = {-1: g}, {-1: context[-3:]}  # tails: each node's last tokens, for copying
 
         def children(row: torch.Tensor, tail: list[int]):
@@ -302,14 +270,14 @@ class FeatureDrafter(Drafter):
             first = level[0]
             mask = tree.attention_mask(base, len(tokens), parents, device=self.device)[..., first:, :]
             pos = tree.positions(base, len(tokens), parents)[:, first:].to(self.device)
-            out, rows = yield FeatureStep(self.cache, [tokens[i] for i in level],
+            out, rows = yield FeatureStep(self.seen.cache, [tokens[i] for i in level],
                                    torch.stack([feats[parents[i]] for i in level]), mask, pos, heads=len(level))
             for j, i in enumerate(level):
                 feats[i] = out[j]
             return [children(rows[j], tails[i]) for j, i in enumerate(level)]
 
         d = yield from grow(children(logits, tails[-1]), expand, floor, depth, max_nodes, stop)
-        self.cache.crop(base - self.cache.get_seq_length())  # the tree's entries go: the ring's answer decides
+        self.seen.cache.crop(base - self.seen.cache.get_seq_length())  # the tree's entries go: the ring's answer decides
         self._measure(time.perf_counter() - t0, len(d.tokens), fixed)
         self.confidence = d.sure
         return d
