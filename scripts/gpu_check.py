@@ -189,7 +189,7 @@ def pass_times(rows) -> dict | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tests", nargs="+", default=["tests/"],
-                    help="where to collect the cuda tests (a machine without the test extras: tests/test_cuda.py)")
+                    help="where to collect the cuda tests (a machine without the test extras: tests/ring/test_cuda.py)")
     args = ap.parse_args()
     import torch
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # helpers, tiny models, the zygote
 
 # the real SmolLM2 is pulled once into a cache that survives test runs; nothing touches the user's own dirs
 os.environ.setdefault("SFCHAT_MODELS_DIR", str(ROOT / ".cache" / "models"))
@@ -31,7 +31,7 @@ def private_dirs(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True, scope="session")
 def forked_local_peers():
     """Rings brought up in this process by `sfchat ask`'s own open_ring (SharedRing, the app's tests) fork their
-    local peers from a process that has imported torch once (tests/forked_peers.py), as running_ring does."""
+    local peers from a process that has imported torch once (tests/support/forked_peers.py), as running_ring does."""
     import sfchat.runtime
     from forked_peers import ForkedLocalPeers
 
@@ -119,5 +119,5 @@ def pytest_terminal_summary(terminalreporter):
     for reason, n in reasons.most_common():
         terminalreporter.write_line(f"{n} skipped: {reason}")
 
-# no test reaches the real hub: tests/test_hub.py turns this off for its own processes, pointed at a stand-in
+# no test reaches the real hub: tests/app/test_hub.py turns this off for its own processes, pointed at a stand-in
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,6 +1,6 @@
 """Snapshots of the host, help and peer screens, fed fixed data (no ring, no timings) so they never drift.
 
-Update after an intended change with: pytest tests/test_tui_snapshots.py --snapshot-update
+Update after an intended change with: pytest tests/app/test_tui_snapshots.py --snapshot-update
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from helpers import check_logits_follow, reference_ids, running_ring
 from shared_ring import ask_in_process
 
 
-# (Qwen2 and the other architectures through a host and two peer processes: tests/test_architectures.py)
+# (Qwen2 and the other architectures through a host and two peer processes: tests/ring/test_architectures.py)
 @pytest.mark.parametrize("peers", [1, 3])
 def test_greedy_ids_match_transformers(peers, tiny_llama):
     prompt = "hello world, the quick brown fox"

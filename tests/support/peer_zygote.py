@@ -1,10 +1,10 @@
 """A process that imports what `sfchat join` imports, once, then forks a peer process per request: each child runs
 `sfchat join`'s own main on its own sockets, without the ~4 s of CPU that importing torch and transformers costs
-every fresh interpreter (tests/forked_peers.py). It never runs a torch op. A fork copies only the thread that
+every fresh interpreter (tests/support/forked_peers.py). It never runs a torch op. A fork copies only the thread that
 forks, so before each one `fork_safe` asserts that no thread was started since the imports (counted in
 /proc/self/task, native threads included: importing torch may start one idle thread, which no child has) and
 that CUDA was never initialised. Environment read at import time (HF_*, TRANSFORMERS_*, OMP_* ...: see
-tests/forked_peers.py IMPORT_TIME_ENV) keeps the zygote's values in a child, so a request that changes one starts a
+tests/support/forked_peers.py IMPORT_TIME_ENV) keeps the zygote's values in a child, so a request that changes one starts a
 fresh interpreter instead.
 
 Requests on stdin, one JSON line each, a JSON line back on stdout:

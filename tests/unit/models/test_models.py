@@ -26,7 +26,7 @@ def test_missing_model_is_one_clear_line(tmp_path):
 
 
 def test_hub_id_in_the_local_cache_is_found(tiny_llama, tmp_path, monkeypatch):
-    """A snapshot another tool left in the cache runs with HF_HUB_OFFLINE=1 (tests/test_hub.py fetches them)."""
+    """A snapshot another tool left in the cache runs with HF_HUB_OFFLINE=1 (tests/app/test_hub.py fetches them)."""
     commit = "c0ffee" * 6 + "c0ff"
     root = tmp_path / "hub" / "models--acme--tiny"
     (root / "snapshots").mkdir(parents=True)

@@ -16,7 +16,7 @@ from test_tree import OracleTrees, TreePolicy
 from tiny import ARCHS, make_model
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
-ALL = [a for a in ARCHS if a != "llama"]  # plain Llama is tests/test_ring_exact.py's
+ALL = [a for a in ARCHS if a != "llama"]  # plain Llama is tests/ring/test_ring_exact.py's
 
 
 @pytest.mark.parametrize("arch", ALL)

@@ -64,7 +64,7 @@ def test_the_distilled_draft_is_the_default_and_only_changes_speed(ring, want):
 
 def test_the_distilled_draft_samples_too(ring):
     """Sampling with it: drafts drawn from its q are accepted (verification keeps the target's distribution;
-    tests/test_lossless.py checks that rule statistically)."""
+    tests/unit/speculation/test_lossless.py checks that rule statistically)."""
     got = ring.ask(PROMPT, "--max-new-tokens", "32", "--temperature", "0.7", "--seed", "11", "--draft", DRAFT)
     s = got["stats"]
     assert s["tokens"] == 32 and s["accepted"] > 0, s

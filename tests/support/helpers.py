@@ -24,7 +24,7 @@ from peers.speculation.sampling import SamplingParams
 from forked_peers import ForkedLocalPeers
 from sfchat.local import LocalPeers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -116,7 +116,7 @@ async def fail_if_a_peer_exits(lp: LocalPeers) -> None:
 @asynccontextmanager
 async def running_ring(model, n_peers: int, *, extra: list[str] | None = None, plan: bool = True,
                        fresh: bool = False, **host_kw):
-    """A Host in this process and n real peer processes on loopback (forked from tests/peer_zygote.py, or started
+    """A Host in this process and n real peer processes on loopback (forked from tests/support/peer_zygote.py, or started
     afresh as `sfchat ask --local-peers` starts them where `fresh`), planned (unless not `plan`: then the test
     plans); torn down after, where a healthy ring must still hold every layer once."""
     host = quiet_host(model, **host_kw)

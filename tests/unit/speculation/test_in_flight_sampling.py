@@ -1,8 +1,8 @@
 """Rounds in flight keep the target's distribution: the first two tokens of many seeded sampled answers, each made
 by peers/speculation/in_flight.py's Flight with three rounds on the "ring" at once, follow the target's exact joint
-distribution (a chi-square bound at p = 1e-4), as tests/test_lossless.py checks for one round's tree.
+distribution (a chi-square bound at p = 1e-4), as tests/unit/speculation/test_lossless.py checks for one round's tree.
 
-Target and draft are the fixed random tables of a 6-token vocabulary from tests/test_lossless.py. The ring is a
+Target and draft are the fixed random tables of a 6-token vocabulary from tests/unit/speculation/test_lossless.py. The ring is a
 stand-in that keeps, as every stage does, one token per cache column under the frames' rollback rule (`committed`,
 `keep`, rows appended) and answers each row with the target's table at the context its column sees; its replies
 come back one simulated second after each round went (trio's MockClock), so the hedges go out before the first

@@ -1,4 +1,4 @@
-"""LocalPeers whose peer processes are forked from tests/peer_zygote.py instead of started afresh: each is still
+"""LocalPeers whose peer processes are forked from tests/support/peer_zygote.py instead of started afresh: each is still
 its own process running `sfchat join`'s main on real sockets, the same command LocalPeers gives it, but it starts
 with torch and transformers already imported (a fresh interpreter spends ~4 s of CPU on that, which on two cores
 was most of what running_ring's rings cost). A ForkedPeer answers as the subprocess.Popen it stands for."""

@@ -1,5 +1,5 @@
-"""The peer zygote (tests/peer_zygote.py) forks only when a fork is safe, and a peer that needs other
-import-time environment is started afresh (tests/forked_peers.py)."""
+"""The peer zygote (tests/support/peer_zygote.py) forks only when a fork is safe, and a peer that needs other
+import-time environment is started afresh (tests/support/forked_peers.py)."""
 import subprocess
 import sys
 from pathlib import Path

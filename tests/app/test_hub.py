@@ -1,5 +1,5 @@
 """Models fetched from the hub (peers/models/hub.py) through the real huggingface_hub against a stand-in on 127.0.0.1
-(tests/hubstub.py), every process with its own Hugging Face cache and its own stand-in, so the requests each one
+(tests/support/hubstub.py), every process with its own Hugging Face cache and its own stand-in, so the requests each one
 made can be counted: members fetch only their layers' files, the host the embedding, head and tokenizer; a second
 start needs no hub; offline mode reads the cache and names what is missing; a dropped download resumes."""
 import json
