@@ -193,7 +193,8 @@ class FeatureDrafter(Drafter):
             tok, sure = self._children(self._probs(logits), copy, 1)[0]
             return tok, None, sure
         q = self._q(logits, params, copy)
-        return draw(q, position_generator(params.seed, position, stream=0)), q, float(q.max())
+        # the target's uniform at this position (stream 1): where q is near p the draft draws what the target will
+        return draw(q, position_generator(params.seed, position, stream=1)), q, float(q.max())
 
     def _q(self, logits: torch.Tensor, params: SamplingParams, copy: int | None) -> torch.Tensor:
         """The sampled draft's distribution over the target's vocabulary, the copy mixed in."""
