@@ -120,8 +120,9 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
             # rounds in flight after plain rounds: the first brings the prompt's logits, and a few more tell the
             # policy what a pass costs
             if plain and policy.rounds >= WARM_ROUNDS and host.committed(rs) and _can_fly(host, drafter, policy):
-                at_eos = await Flight(host, rs, drafter, params, policy, eos, tokens).run(
-                    max_new_tokens - (len(tokens) - start), report, should_stop)
+                flight = Flight(host, rs, drafter, params, policy, eos, tokens)
+                at_eos = await flight.run(max_new_tokens - (len(tokens) - start),
+                                          lambda r, new: report(r, new, flight.logprobs), should_stop)
                 finish = "eos" if at_eos else "stopped" if should_stop is not None and should_stop() else "length"
                 break
             r, new, at_eos = await speculation.round(tokens, max_new_tokens - (len(tokens) - start))

@@ -352,7 +352,7 @@ class Flight:
             made += len(new)
             if cancel:
                 nursery.start_soon(self.host.cancel, cancel)
-            report(r, new, self.logprobs)
+            report(r, new)
             if at_eos:
                 return True
         return False
