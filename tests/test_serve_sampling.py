@@ -69,6 +69,7 @@ def test_logprobs_whole_and_streamed_equal_transformers(server, tiny_llama, temp
               logprobs=True, top_logprobs=5)
     r = c.chat.completions.create(**kw)
     entries = r.choices[0].logprobs.content
+    assert r.model_extra["sfchat"]["drafted"] > 0  # the tokens came through speculation
     assert "".join(e.token for e in entries) == r.choices[0].message.content
     assert all(e.bytes == list(e.token.encode()) and len(e.top_logprobs) == 5 for e in entries)
     reference_check(tiny_llama, prompt, entries, 5)
