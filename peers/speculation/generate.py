@@ -24,6 +24,7 @@ from peers.speculation.drafting import Drafter
 from peers.base.errors import MemberLeft
 from peers.host.host import Host, RingError, RingSession
 from peers.speculation.in_flight import Flight
+from peers.speculation.logprobs import TokenLogprob, token_logprobs
 from peers.speculation.sampling import SamplingParams, verify_sampling
 from peers.speculation.stats import RoundStats, RunningStats
 from peers.speculation.tree import Draft, chain, on_chain, verify_greedy
@@ -79,6 +80,7 @@ class Result:
     finish: str  # eos, length, stopped
     stats: RunningStats
     rounds: list[dict]
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, with params.logprobs set
 
 
 async def generate(host: Host, rs: RingSession, tokens: list[int], **kw) -> Result:
@@ -98,14 +100,16 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
     if params.seed is None:
         params.seed = random.randrange(2**31)
     speculation = Speculation(host, rs, drafter, params, policy, eos, overlap)
-    stats, rounds, start = RunningStats(), [], len(tokens)
+    stats, rounds, start, logprobs = RunningStats(), [], len(tokens), []
     finish, retries, plain = "length", 0, False
 
-    def report(r: RoundStats, new: list[int]) -> None:
+    def report(r: RoundStats, new: list[int], lps: list[TokenLogprob] = ()) -> None:
         stats.add(r)
         rounds.append(r.to_dict())
+        logprobs.extend(lps)
         if on_round is not None:
-            on_round({"event": "round", "round": r.to_dict(), "new": new, "stats": stats.summary()})
+            on_round({"event": "round", "round": r.to_dict(), "new": new, "stats": stats.summary(),
+                      "logprobs": list(lps)})
 
     while len(tokens) - start < max_new_tokens:
         if should_stop is not None and should_stop():
@@ -116,8 +120,9 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
             # rounds in flight after plain rounds: the first brings the prompt's logits, and a few more tell the
             # policy what a pass costs
             if plain and policy.rounds >= WARM_ROUNDS and host.committed(rs) and _can_fly(host, drafter, policy):
-                at_eos = await Flight(host, rs, drafter, params, policy, eos, tokens).run(
-                    max_new_tokens - (len(tokens) - start), report, should_stop)
+                flight = Flight(host, rs, drafter, params, policy, eos, tokens)
+                at_eos = await flight.run(max_new_tokens - (len(tokens) - start),
+                                          lambda r, new: report(r, new, flight.logprobs), should_stop)
                 finish = "eos" if at_eos else "stopped" if should_stop is not None and should_stop() else "length"
                 break
             r, new, at_eos = await speculation.round(tokens, max_new_tokens - (len(tokens) - start))
@@ -136,11 +141,11 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
             await host.recover(epoch)
             continue
         retries = 0
-        report(r, new)
+        report(r, new, speculation.logprobs)
         if at_eos:
             finish = "eos"
             break
-    return Result(tokens[start:], finish, stats, rounds)
+    return Result(tokens[start:], finish, stats, rounds, logprobs)
 
 
 def _can_fly(host: Host, drafter: Drafter, policy: KPolicy) -> bool:
@@ -162,6 +167,7 @@ class Speculation:
     eos: set[int]
     overlap: bool
     look_ahead: LookAhead = field(default_factory=LookAhead)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the last round's, with params.logprobs set
 
     async def round(self, tokens: list[int], left: int) -> tuple[RoundStats, list[int], bool]:
         """One round: plan, draft, pass, verify, commit. Appends at most `left` tokens to `tokens` and returns the
@@ -185,6 +191,9 @@ class Speculation:
         self._observe(draft, path)
         self.look_ahead.settle(draft, path, nxt)
         new, at_eos = self._commit(tokens, draft, path, nxt, left)
+        if self.params.logprobs is not None:  # row 0: after the last token; row i + 1: after node i
+            rows = ([0] + [i + 1 for i in path])[:len(new)]
+            self.logprobs = token_logprobs(logits[rows], new, self.params.logprobs)
         drafts = draft.tokens
         r = RoundStats(k=len(drafts) if floor else k, drafted=len(drafts), accepted=len(path), committed=len(new),
                        draft_ms=round(draft_ms, 3), hidden_draft_ms=round(hidden_ms, 3),
@@ -248,10 +257,12 @@ class Speculation:
         """The accepted path through the drafts and the target's own next token."""
         if self.params.greedy:
             return verify_greedy(self.rs.best, draft.tokens, draft.parents)  # the argmax came with the logits
+        # the target's draw at each position is its own, keyed by (seed, position), whatever the draft's q: a
+        # seeded answer is the same with any drafter, tree or none (peers/speculation/sampling.py)
         p = self.params.probs(logits)
         if draft.parents != chain(draft.tokens):
-            return verify_tree(p, draft.q, draft.tokens, draft.parents, self.params.seed, position)
-        n_acc, nxt = verify_sampling(p, draft.q, draft.tokens, self.params.seed, position)
+            return verify_tree(p, None, draft.tokens, draft.parents, self.params.seed, position)
+        n_acc, nxt = verify_sampling(p, None, draft.tokens, self.params.seed, position)
         return list(range(n_acc)), nxt
 
     def _observe(self, draft: Draft, path: list[int]) -> None:

@@ -15,9 +15,9 @@ Verdicts come back in the order the rounds went. Each walks down from the head w
 known. A choice that is a child in the tree is committed at once, even while that child's own round is still on
 the wire (its keys are on the ring already; only what comes after it waits). A choice that is not is committed as
 the target's own token, and the rest of the tree is dead. A round in flight whose every node is dead is
-cancelled: a member that has not started it skips it (peers/member/passes.py). Sampled rounds verify a node by
-recursive rejection sampling over its children in the order drawn (peers/speculation/tree_sampling.py), so a node's children
-are drafted once, in one draw: a sampled hedge grows only under nodes that have none.
+cancelled: a member that has not started it skips it (peers/member/passes.py). Sampled rounds take the target's own draw
+at a node, keyed by (seed, position), and the child that drafted it if there is one (peers/speculation/sampling.py);
+a node's children are drafted once, in one draw: a sampled hedge grows only under nodes that have none.
 
 The ring's caches. The host keeps the layout every stage's cache has for this conversation after each frame it
 sent: the committed positions in a row (`base`), then the nodes in the columns they were sent to. A frame names
@@ -38,12 +38,13 @@ import trio
 from peers.speculation.adaptive import MAX_IN_FLIGHT, KPolicy
 from peers.host.batcher import Round
 from peers.speculation.drafting import Drafter
+from peers.speculation.logprobs import TokenLogprob, token_logprobs
 from peers.base.errors import RingError
 from peers.host.host import Host, RingSession
 from peers.speculation.sampling import SamplingParams, draw, position_generator
 from peers.speculation.stats import RoundStats
 from peers.speculation.tree import Draft
-from peers.speculation.tree_sampling import ACCEPT, RESIDUAL, reject_children
+from peers.speculation.tree_sampling import ACCEPT
 
 END_POINTS = 2  # stops of the rounds in flight a round considers hedging: the likeliest (each is drafted)
 # a hedge's tree keeps the nodes at least this share as likely as the hedge: caught with nothing under it, a
@@ -63,6 +64,7 @@ class Node:
     col: int = -1  # its cache column at every stage, once sent
     best: int | None = None  # the target's greedy choice after it, once its round is back
     p: torch.Tensor | None = None  # (sampled) the target's distribution after it
+    logits: torch.Tensor | None = None  # (with logprobs asked for) the target's logits after it
     feat: torch.Tensor | None = None  # the target's final features at it
     committed: bool = False
     dead: bool = False
@@ -104,6 +106,7 @@ class Flight:
         self.flying: deque[Flying] = deque()
         self.last_landing = time.perf_counter()
         self.plain_nodes = 0  # the drafts of the last plain round (nothing in flight beside it)
+        self.logprobs: list[TokenLogprob] = []  # the last verdict's, with params.logprobs set
 
     # --- the tree ------------------------------------------------------------------------------------------
 
@@ -372,6 +375,8 @@ class Flight:
                     n.best, n.feat = best[j], feats[j]
                     if probs is not None:
                         n.p = probs[j]
+                    if self.params.logprobs is not None:
+                        n.logits = logits[j]
         new, at_eos = self._walk(left)
         verify_ms = (time.perf_counter() - t0) * 1e3
         self._observe()
@@ -404,11 +409,15 @@ class Flight:
     def _walk(self, left: int) -> tuple[list[int], bool]:
         """Down from the head while the target's choice there is known; commits at most `left` tokens."""
         new: list[int] = []
-        while len(new) < left:
+        rows: list[torch.Tensor] = []  # (with logprobs asked for) the target's logits where each was chosen
+        at_eos = False
+        while len(new) < left and not at_eos:
             h = self.head
             if h.best is None and h.p is None:
                 break
             child, token = self._choose(h)
+            if self.params.logprobs is not None:
+                rows.append(h.logits)
             for c in h.children:
                 if c is not child:
                     self._kill(c)
@@ -419,23 +428,19 @@ class Flight:
             self._commit(child)
             self.tokens.append(token)
             new.append(token)
-            if token in self.eos:
-                return new, True
-        return new, False
+            at_eos = token in self.eos
+        if self.params.logprobs is not None:
+            self.logprobs = token_logprobs(torch.stack(rows), new, self.params.logprobs) if new else []
+        return new, at_eos
 
     def _choose(self, h: Node) -> tuple[Node | None, int]:
         """The target's token after h: one of its children, or (None, a token of its own)."""
         if self.params.greedy:
             return next((c for c in h.children if c.token == h.best), None), h.best
-        at = h.pos + 1
-        kids = h.children
-        if not kids or kids[0].q is None:  # a deterministic draft: draw from p, then look for it
-            y = draw(h.p, position_generator(self.params.seed, at, ACCEPT))
-            return next((c for c in kids if c.token == y), None), y
-        j, rest = reject_children(h.p, kids[0].q, [c.token for c in kids], self.params.seed, at)
-        if j is not None:
-            return kids[j], kids[j].token
-        return None, draw(rest, position_generator(self.params.seed, at, RESIDUAL))
+        # the target's own draw, keyed by (seed, position), then the child that drafted it if there is one: the
+        # same token as a plain round or no draft at all would take (peers/speculation/sampling.py)
+        y = draw(h.p, position_generator(self.params.seed, h.pos + 1, ACCEPT))
+        return next((c for c in h.children if c.token == y), None), y
 
     def _observe(self) -> None:
         """The target's features at the committed tokens, in order, for a draft that reads them."""

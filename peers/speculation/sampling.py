@@ -7,6 +7,15 @@ Sampling (lossless speculative rejection sampling, Leviathan et al. / Chen et al
   at the first rejection draw from normalize(max(0, p_i - q_i));
   if all K are accepted draw a bonus token from p_K.
 The emitted tokens are then distributed exactly as sampling from p alone. A deterministic draft has q one-hot.
+
+Seeds that repeat. The rounds use the deterministic form, whatever the draft (q None below): at each position the
+target draws its own token y from p by inverse CDF over one uniform keyed by (seed, position), and a draft is
+accepted iff it equals y; at the first that does not, y is the token. Each y is distributed as p given the prefix
+(the uniforms of different positions are independent), so the answer is exactly p's, and it is a function of the
+seed and the prompt alone: the same with or without drafts, trees or rounds in flight, after any other request,
+on any ring. A sampled draft draws with the same uniform (stream 1) from its own q, so where q is near p it drafts
+the token the target will draw. The rejection rule with q stays here, tested, for the record of what it costs:
+its acceptance sum(min(p, q)) is higher, but its answer depends on the draft's q, so a seed could not repeat.
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    logprobs: int | None = None  # None: none; n: each committed token's log-probability and the n likeliest there
 
     def __post_init__(self):
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:

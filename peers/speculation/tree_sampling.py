@@ -90,3 +90,16 @@ def reject_children(p: torch.Tensor, q: torch.Tensor | None, drawn: list[int], s
             break  # q has no token left: no later child can have been drawn
         qj = qj / qj.sum()
     return None, p
+
+
+def coupled_children(q: torch.Tensor, n: int, gen: torch.Generator, seed: int, position: int
+                     ) -> list[tuple[int, float]]:
+    """As sampled_children, but the first child is drawn with the target's own uniform at `position` (the draw
+    the rounds verify by, peers/speculation/sampling.py): where q is near p it is the token the target takes."""
+    q = q.float()
+    first = draw(q, position_generator(seed, position, ACCEPT))
+    rest = q.clone()
+    rest[first] = 0.0
+    others = sampled_children(rest, n - 1, gen) if n > 1 and rest.sum() > 0 else []
+    chances = q.topk(min(n, int((q > 0).sum()))).values.tolist()
+    return list(zip([first] + [t for t, _ in others], chances))

@@ -40,7 +40,7 @@ class CompletionResponse:
 
     async def _produce(self, items: trio.MemorySendChannel) -> None:
         try:
-            outcome = await self.conv.run(self.job, lambda text: items.send_nowait(("text", text)))
+            outcome = await self.conv.run(self.job, lambda text, lps: items.send_nowait(("text", (text, lps))))
         except ApiError as e:
             items.send_nowait(("error", e))
         else:
@@ -64,7 +64,7 @@ class CompletionResponse:
                 await send({"type": "http.response.body", "body": KEEP_ALIVE, "more_body": True})
                 continue
             if kind == "text":
-                body = s.content(value)
+                body = s.content(*value)
             elif kind == "done":
                 body = s.finish(value.finish, value.stats)
                 if s.include_usage:
@@ -77,15 +77,17 @@ class CompletionResponse:
                 return
 
     async def _send_whole(self, send) -> None:
-        parts = []
+        parts, lps = [], None
         while True:
             kind, value = await self.items.receive()
             if kind == "text":
-                parts.append(value)
+                parts.append(value[0])
+                if value[1] is not None:
+                    lps = (lps or []) + value[1]
                 continue
             if kind == "done":
                 status, body = 200, completion(self.stream, "".join(parts), value.finish,
-                                               self.usage(value.completion_tokens), value.stats)
+                                               self.usage(value.completion_tokens), value.stats, lps)
             else:
                 status, body = value.status, value.body()
             await send({"type": "http.response.start", "status": status,

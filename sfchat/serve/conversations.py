@@ -82,7 +82,7 @@ class Conversations:
         top_p = self.answer.top_p if req.top_p is None else req.top_p
         greedy = temperature == 0 or top_p == 0
         params = SamplingParams(0.0 if greedy else temperature, self.answer.top_k, 1.0 if greedy else top_p,
-                                self.answer.seed if req.seed is None else req.seed)
+                                self.answer.seed if req.seed is None else req.seed, logprobs=req.top_logprobs)
         return Job(req, prompt, req.max_tokens or room, params)
 
     async def ring_ready(self) -> None:
@@ -94,11 +94,20 @@ class Conversations:
         raise ApiError(503, "the ring is re-planning (a member joined or was lost); try again shortly",
                        code="ring_replanning")
 
+    def _entries(self, lps) -> list[dict]:
+        """OpenAI's logprobs entries; an end-of-sequence token is not part of the text, so not of them either."""
+        def one(token: int, logprob: float) -> dict:
+            s = self.tokenizer.decode([token])
+            return {"token": s, "logprob": logprob, "bytes": list(s.encode())}
+        return [one(e.token, e.logprob) | {"top_logprobs": [one(t, v) for t, v in e.top]}
+                for e in lps if e.token not in self.eos]
+
     def status(self) -> dict:
         return {"in_flight": len(self.open), "waiting": self.waiting, "max": self.limit}
 
     async def run(self, job: Job, emit) -> Outcome:
-        """Generate the answer, calling emit(text) with each piece safe to send."""
+        """Generate the answer, calling emit(text, logprobs) with each piece safe to send and the OpenAI logprobs
+        entries of the tokens decided since the last piece (None when the request asked for none)."""
         self.waiting += 1
         self.on_change()
         try:
@@ -120,12 +129,19 @@ class Conversations:
 
     async def _generate(self, job: Job, rs, emit) -> Outcome:
         text, stops = TextStream(self.tokenizer), StopFilter(job.request.stop)
+        want = job.params.logprobs is not None
+        held: list[dict] = []  # logprobs entries not sent yet: they go with the next piece of text
+
+        def out(piece: str) -> None:
+            emit(piece, held[:] if want else None)
+            held.clear()
 
         def on_round(ev: dict) -> None:
             if ev.get("event") == "round":
                 self.open[rs.sid] += len(ev["new"])
+                held.extend(self._entries(ev["logprobs"]))
                 if piece := stops.push(text.push(ev["new"])):
-                    emit(piece)
+                    out(piece)
 
         drafter = self.drafter.fork()  # (a static draft lends itself, graphs and all, to one answer at a time)
         try:
@@ -138,8 +154,8 @@ class Conversations:
             drafter.close()
         # what the stream held back (a character half decoded when the answer ended) goes out as the full decode has it
         full = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        if tail := stops.push(full[len(text.text):]) + stops.flush():
-            emit(tail)
+        if (tail := stops.push(full[len(text.text):]) + stops.flush()) or held:
+            out(tail)
         s = result.stats.summary()
         stats = {k: s[k] for k in ("tokens_per_round", "acceptance", "tokens_per_second", "rounds", "drafted",
                                    "accepted")} | {"drafter": self.drafter.name}

@@ -9,6 +9,7 @@ from .errors import ApiError
 
 ROLES = {"system", "user", "assistant", "developer"}  # developer: OpenAI's newer name for system
 MAX_STOPS = 4
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class ChatRequest:
     top_p: float | None = None  # None: the server's --top-p
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    top_logprobs: int | None = None  # None: no logprobs; n (0..20): each token's and the n likeliest there
 
 
 def bad(message: str, param: str | None = None) -> ApiError:
@@ -86,6 +88,19 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _logprobs(body: dict) -> int | None:
+    """`logprobs` (a boolean) and `top_logprobs` (0 to 20, only with logprobs: true), as OpenAI checks them."""
+    on, top = body.get("logprobs"), body.get("top_logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise bad("'logprobs' must be a boolean", "logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad(f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+        if not on:
+            raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if on else None
+
+
 def parse(raw: bytes) -> ChatRequest:
     try:
         body = json.loads(raw)
@@ -106,7 +121,8 @@ def parse(raw: bytes) -> ChatRequest:
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _int(body, param, 1)
     seed = _int(body, "seed", -(2**63))
+    top_logprobs = _logprobs(body)
     return ChatRequest(model=body["model"], messages=_messages(body), stream=stream,
                        include_usage=bool(options.get("include_usage")), max_tokens=max_tokens, max_tokens_param=param,
                        temperature=_number(body, "temperature", 0, 2, None), top_p=_number(body, "top_p", 0, 1, None),
-                       seed=None if seed is None else seed % 2**31, stop=_stop(body))
+                       seed=None if seed is None else seed % 2**31, stop=_stop(body), top_logprobs=top_logprobs)

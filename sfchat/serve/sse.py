@@ -28,9 +28,9 @@ class Stream:
     model: str
     include_usage: bool = False
 
-    def chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> bytes:
+    def chunk(self, delta: dict, finish_reason: str | None = None, logprobs: list | None = None, **extra) -> bytes:
         c = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-             "system_fingerprint": None, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+             "system_fingerprint": None, "choices": [{"index": 0, "delta": delta, "logprobs": _logprobs(logprobs),
                                                      "finish_reason": finish_reason}]}
         if self.include_usage:
             c["usage"] = None
@@ -39,8 +39,8 @@ class Stream:
     def role(self) -> bytes:
         return self.chunk({"role": "assistant", "content": ""})
 
-    def content(self, text: str) -> bytes:
-        return self.chunk({"content": text})
+    def content(self, text: str, logprobs: list | None = None) -> bytes:
+        return self.chunk({"content": text}, logprobs=logprobs)
 
     def finish(self, reason: str, stats: dict) -> bytes:
         return self.chunk({}, reason, sfchat=stats)
@@ -50,9 +50,14 @@ class Stream:
                       "system_fingerprint": None, "choices": [], "usage": usage})
 
 
-def completion(s: Stream, text: str, reason: str, usage: dict, stats: dict) -> dict:
+def _logprobs(entries: list | None) -> dict | None:
+    """OpenAI's `logprobs` of a choice: None when not asked for, else the entries of its tokens."""
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
+def completion(s: Stream, text: str, reason: str, usage: dict, stats: dict, logprobs: list | None = None) -> dict:
     return {"id": s.id, "object": "chat.completion", "created": s.created, "model": s.model,
             "system_fingerprint": None,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "logprobs": None, "finish_reason": reason}],
+                         "logprobs": _logprobs(logprobs), "finish_reason": reason}],
             "usage": usage, "sfchat": stats}

@@ -20,7 +20,7 @@ from peers.compute.shard import load_config, rollback_cache
 from peers.compute.runtime import DRAFT, RUNTIME
 from peers.compute.runtime import torch_threads
 from peers.speculation.tree import BRANCHES, Draft
-from peers.speculation.tree_sampling import sampled_children
+from peers.speculation.tree_sampling import coupled_children
 from peers.speculation.drafting.base import Drafter, common_prefix
 from peers.speculation.drafting.feature_context import FeatureContext
 from peers.speculation.drafting.feature_net import VOCAB_FILE, FeatureStep, build, read_meta, tokenizer_fingerprint
@@ -160,7 +160,8 @@ class FeatureDrafter(Drafter):
             tok, sure = self._children(self._probs(logits), copy, 1)[0]
             return tok, None, sure
         q = self._q(logits, params, copy)
-        return draw(q, position_generator(params.seed, position, stream=0)), q, float(q.max())
+        # the target's uniform at this position (stream 1): where q is near p the draft draws what the target will
+        return draw(q, position_generator(params.seed, position, stream=1)), q, float(q.max())
 
     def _q(self, logits: torch.Tensor, params: SamplingParams, copy: int | None) -> torch.Tensor:
         """The sampled draft's distribution over the target's vocabulary, the copy mixed in."""
@@ -255,16 +256,18 @@ class FeatureDrafter(Drafter):
         gen = None if params.greedy else position_generator(params.seed, len(context), stream=0)
         base = len(self.seen.cache_next)  # the draft's cache: index t holds (f_t, x_{t+1}); the tree's go after it
         feats, tails = {-1: g}, {-1: context[-3:]}  # tails: each node's last tokens, for copying
+        at = {-1: len(context)}  # the position of each node's children
 
-        def children(row: torch.Tensor, tail: list[int]):
+        def children(row: torch.Tensor, tail: list[int], node: int = -1):
             if gen is None:
                 return self._children(self._probs(row), follows(tail), BRANCHES), None
             q = self._q(row, params, follows(tail))
-            return sampled_children(q, BRANCHES, gen), q
+            return coupled_children(q, BRANCHES, gen, params.seed, at[node]), q
 
         def expand(level, tokens, parents):
             for i in level:
                 tails[i] = tails[parents[i]][-2:] + [tokens[i]]
+                at[i] = at[parents[i]] + 1
             # the level's rows of a ring pass over the whole tree with nothing carried before it: its cache holds
             # the context's entries and the earlier levels' (peers/speculation/tree.py); each node at its depth
             first = level[0]
@@ -274,7 +277,7 @@ class FeatureDrafter(Drafter):
                                    torch.stack([feats[parents[i]] for i in level]), mask, pos, heads=len(level))
             for j, i in enumerate(level):
                 feats[i] = out[j]
-            return [children(rows[j], tails[i]) for j, i in enumerate(level)]
+            return [children(rows[j], tails[i], i) for j, i in enumerate(level)]
 
         d = yield from grow(children(logits, tails[-1]), expand, floor, depth, max_nodes, stop)
         self.seen.cache.crop(base - self.seen.cache.get_seq_length())  # the tree's entries go: the ring's answer decides

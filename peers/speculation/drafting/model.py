@@ -182,7 +182,7 @@ class ModelDrafter(Drafter):
                 tok = int(logits.argmax())
             else:
                 q = pad_vocab(params.probs(logits[None])[0], self.target_vocab)
-                tok = draw(q, position_generator(params.seed, len(context) + len(tokens), stream=0))
+                tok = draw(q, position_generator(params.seed, len(context) + len(tokens), stream=1))
                 qs.append(q)
             tokens.append(tok)
             if len(tokens) == n or (stop is not None and stop.is_set()):

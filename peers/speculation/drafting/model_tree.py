@@ -15,7 +15,7 @@ import torch
 
 from peers.speculation.sampling import SamplingParams, pad_vocab, position_generator
 from peers.speculation.tree import BRANCHES, Draft
-from peers.speculation.tree_sampling import sampled_children
+from peers.speculation.tree_sampling import coupled_children
 from peers.speculation.drafting.grow import grow, run
 
 
@@ -26,17 +26,21 @@ def draft_tree(draft, context: list[int], floor: float, depth: int, max_nodes: i
     base = len(context)
     gen = None if params.greedy else position_generator(params.seed, base, stream=0)
 
-    def children(row: torch.Tensor):
+    below = {-1: 0}  # each node's depth: its children are at position base + that
+
+    def children(row: torch.Tensor, node: int = -1):
         if gen is None:
             p = torch.softmax(row.float(), -1)
             values, ids = p.topk(BRANCHES)
             return list(zip(ids.tolist(), values.tolist())), None
         q = pad_vocab(params.probs(row[None])[0], draft.target_vocab)
-        return sampled_children(q, BRANCHES, gen), q
+        return coupled_children(q, BRANCHES, gen, params.seed, base + below[node]), q
 
     def expand(level, tokens, parents):
         rows = draft.forward_nodes(list(tokens), list(parents), len(level))
-        return [children(r) for r in rows]
+        for i in level:
+            below[i] = below[parents[i]] + 1
+        return [children(r, i) for r, i in zip(rows, level)]
         yield  # (a generator that never waits)
 
     return run(grow(children(logits), expand, floor, depth, max_nodes, stop))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from peers.speculation.sampling import SamplingParams, verify_sampling
+from peers.speculation.sampling import SamplingParams, draw, position_generator, sample, verify_sampling
 
 N = 20000
 BOUND = 0.03  # total variation; the sampling noise at N draws over <= 64 outcomes is about 0.01-0.015
@@ -83,6 +83,50 @@ def test_rejection_sampling_matches_the_target_and_the_naive_scheme_does_not(mod
     print(params, results)
     assert results["rejection"] < BOUND, results
     assert results["naive"] > BOUND, results
+
+
+def _exact_two(p_of, prompt) -> dict:
+    p1, exact = p_of(prompt), {}
+    for a in torch.nonzero(p1).flatten().tolist():
+        p2 = p_of(prompt + (a,))
+        for b in torch.nonzero(p2).flatten().tolist():
+            exact[(a, b)] = float(p1[a] * p2[b])
+    return exact
+
+
+def _run_seeded(p_of, q_of, prompt, seed):
+    """What the rounds do: two drafts drawn from q with the target's uniform at their positions (none when q_of is
+    None), verified by the target's own draw keyed by (seed, position), then a round with none: the first two."""
+    at, drafts = len(prompt), []
+    if q_of is not None:
+        for i in range(2):
+            drafts.append(draw(q_of(prompt + tuple(drafts)), position_generator(seed, at + i, stream=1)))
+    p = torch.stack([p_of(prompt + tuple(drafts[:i])) for i in range(len(drafts) + 1)])
+    n, nxt = verify_sampling(p, None, drafts, seed, at)
+    out = drafts[:n] + [nxt]
+    if len(out) < 2:
+        out.append(sample(p_of(prompt + (out[0],)), seed, at + 1))
+    return tuple(out[:2])
+
+
+def test_seeded_rounds_keep_the_target_and_answer_as_with_no_draft(models):
+    """The rounds' rule: distributed as the target, and for each seed the same answer as with no draft at all. The
+    rejection rule with q (the control) is as exact, but its answer depends on the draft."""
+    params = SamplingParams(1.0, top_k=5)
+    target, draft = models
+    p_of, q_of = _dist_fn(target, params), _dist_fn(draft, params)
+    prompt = (1, 40, 41, 42, 43)
+    counts, drafted_by_q = {}, 0
+    for seed in range(N):
+        out = _run_seeded(p_of, q_of, prompt, seed)
+        assert out == _run_seeded(p_of, None, prompt, seed)
+        counts[out] = counts.get(out, 0) + 1
+        x = draw(q_of(prompt), position_generator(seed, len(prompt), stream=1))
+        p = torch.stack([p_of(prompt), p_of(prompt + (x,))])
+        n, nxt = verify_sampling(p, q_of(prompt)[None], [x], seed, len(prompt))
+        drafted_by_q += ([x][:n] + [nxt])[0] != out[0]
+    assert _tv(counts, _exact_two(p_of, prompt)) < BOUND
+    assert drafted_by_q > N // 100  # with q the draft decides some answers: a seed would not repeat
 
 
 # --- trees of sampled drafts ------------------------------------------------------------------------------------
