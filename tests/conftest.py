@@ -121,3 +121,8 @@ def pytest_terminal_summary(terminalreporter):
 
 # no test reaches the real hub: tests/test_hub.py turns this off for its own processes, pointed at a stand-in
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+# the tests written before placement by speed meant the split by memory (their spans, their members' layers);
+# a test of placement by speed asks for it (--placement speed, or SFCHAT_PLACEMENT=speed in its processes)
+os.environ.setdefault("SFCHAT_PLACEMENT", "memory")
