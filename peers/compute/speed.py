@@ -4,7 +4,8 @@ threads before it offers itself, so the host can place layers by speed (peers/pl
 The member does not know the model yet (the host names it in the assignment), so it times a reference layer of a
 fixed shape (peers/base/limits.py: REFERENCE_LAYER; random weights): its attention's and MLP's matrices and an
 attention over a short context, at the pass sizes the ring uses. The host scales the figure by the model's layer
-size. SFCHAT_TEST_MS_PER_LAYER fixes the figure (tests: a deterministic plan).
+size. SFCHAT_TEST_MS_PER_LAYER fixes the figure (tests: a deterministic plan): a number, or NAME=MS,… by the
+member's name ("host" for the host).
 """
 from __future__ import annotations
 
@@ -62,11 +63,17 @@ def _layer(device: str, dtype: str, quant: str) -> ReferenceLayer:
     return layer
 
 
+def fixed(who: str) -> float | None:
+    """The figure SFCHAT_TEST_MS_PER_LAYER fixes for `who`, if any."""
+    text = os.environ.get("SFCHAT_TEST_MS_PER_LAYER", "")
+    if "=" not in text:
+        return float(text) if text else None
+    named = dict(item.split("=", 1) for item in text.split(","))
+    return float(named[who]) if who in named else None
+
+
 def ms_per_layer(device: str, dtype: str, quant: str = "none") -> dict[int, float]:
     """Median ms of one pass through the reference layer, by positions in the pass."""
-    fixed = os.environ.get("SFCHAT_TEST_MS_PER_LAYER")
-    if fixed:
-        return {p: float(fixed) for p in SPEED_POSITIONS}
     torch.manual_seed(0)
     layer = _layer(device, dtype, quant)
     r, dt = REFERENCE_LAYER, DTYPES[dtype]
@@ -91,7 +98,8 @@ def ms_per_layer(device: str, dtype: str, quant: str = "none") -> dict[int, floa
 def measure(device: str, dtype: str, quant: str = "none", who: str = "this member") -> float:
     """The ms per reference layer the plan weighs (a speculative round's pass), said in one line."""
     t0 = time.perf_counter()
-    by = ms_per_layer(device, dtype, quant)
+    ms = fixed(who)
+    by = {p: ms for p in SPEED_POSITIONS} if ms is not None else ms_per_layer(device, dtype, quant)
     log.info("%s: %s per reference layer on %s %s%s, %d threads (%.1f s)", who,
              ", ".join(f"{v:.2f} ms at {p}" for p, v in by.items()), device, dtype,
              f" {quant}" if quant != "none" else "", torch.get_num_threads(), time.perf_counter() - t0)
