@@ -11,8 +11,9 @@ from peers.speculation.sampling import SamplingParams
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 N = 32
-# fixed speeds (ms per reference layer): local-a the fastest, local-b twice as slow, the host far slower
-SPEEDS = "host=1000,local-a=1,local-b=2"
+# fixed speeds (ms per reference layer; a tiny layer costs a few thousandths of one): local-a the fastest,
+# local-b slower by far more than a loopback round trip, the host slower still
+SPEEDS = "host=1000000,local-a=1,local-b=1000"
 
 
 async def spare_takes_over(model):
@@ -49,6 +50,6 @@ def test_the_spare_takes_over_exactly(tiny_llama, monkeypatch):
     r, before, after = trio.run(spare_takes_over, tiny_llama)
     assert before["ring"] == ["local-a"] and before["host"] == 0  # the fastest holds every layer
     assert before["spare"] == "spare"
-    assert before["info"]["local-b"]["spare"] and before["info"]["local-b"]["ms_per_layer"] == 2.0
+    assert before["info"]["local-b"]["spare"] and before["info"]["local-b"]["ms_per_layer"] == 1000.0
     assert after == ["local-b"]  # the spare, not the slow host, took the layers over
     assert r.token_ids == reference_ids(tiny_llama, PROMPT, N)

@@ -85,7 +85,7 @@ class Host:
         self.planner = Planner(target, self.roster, offer_gb=opts.offer_gb, token=self.token, tls=self.tls,
                                on_change=self._plan_changed)
         if target.placement == "speed":  # the host's own speed, as every member times its own
-            self.planner.host_ms = speed.measure(self.device, self.dtype, self.quant, "the host")
+            self.planner.host_ms = speed.measure(self.device, self.dtype, self.quant, "host")
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
         self.port = 0
         self.returns = ReturnLink(self)  # the last member's replies, to the passes waiting for them

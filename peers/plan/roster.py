@@ -142,6 +142,7 @@ class Roster:
             self.joined.notify_all()
         self.on_join()
         try:
+            await ch.send({"t": "ping", "n": time.perf_counter()})  # its round trip, for the plan that comes next
             await link.follow({t: partial(self._heard, m, handle)
                                for t, handle in (("pong", _pong), ("ready", _ready), ("progress", _progress),
                                                  ("fail", _fail), ("bye", _bye))})
