@@ -74,6 +74,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pin", action="store_true", help="put the host and each local member on cores of their own "
                    "(the cores split in blocks, torch's threads to match): a machine per member on one box")
     p.add_argument("--rtt-ms", default="0,20,86,175", help="comma-separated ring round-trip times to emulate")
+    p.add_argument("--placement", choices=["speed", "memory"], default="memory",
+                   help="how the ring's layers are split (default: memory, so that every local peer holds layers "
+                   "and the emulated round trip is crossed; speed: by each one's measured ms per layer)")
+    for flag, what in (("threads", "torch threads"), ("dtype", "dtype"), ("quant", "quantization"),
+                       ("offer-gb", "offered GB")):
+        p.add_argument(f"--member-{flag}", type=member_list, metavar="A,B,…", default=[],
+                       help=f"each local peer's own {what}, in order (an empty item: the common one), to make "
+                       "members of different speeds on one box")
     p.add_argument("--prompts", help="a file with one prompt per line (default: three built-in prompts)")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                    help="the longest answer to each prompt, in tokens")
@@ -341,8 +349,10 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
     try:
         async with shaped_relay(rtt_ms / links) as relay:
             opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
-                                           relay=relay, graphs=not args.no_graphs, offer_gb=args.offer_gb),
-                               local_peers=args.local_peers, local_cores=member_cores(cores))
+                                           relay=relay, graphs=not args.no_graphs, offer_gb=args.offer_gb,
+                                           placement=args.placement),
+                               local_peers=args.local_peers, local_cores=member_cores(cores),
+                               local_args=member_args(args))
             advance(f"ring at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
             async with open_ring(opts, announce=False) as ring:
                 if len(ring.host.ring) != args.local_peers:
@@ -354,6 +364,20 @@ async def ring_rows(args, rtt_ms: float, prompts: list[str], modes: list[str], a
     except Exception as e:  # noqa: BLE001 - the ring did not come up (or went down): its rows say why
         for mode, _, flight in todo:
             done(Row(mode, rtt_ms, error=one_line(e), in_flight=flight))
+
+
+def member_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",")]
+
+
+def member_args(args) -> tuple[list[str], ...]:
+    """Each local peer's own join flags from --member-threads, --member-dtype, --member-quant, --member-offer-gb."""
+    own = [[] for _ in range(args.local_peers)]
+    for flag in ("threads", "dtype", "quant", "offer-gb"):
+        for i, v in enumerate(getattr(args, "member_" + flag.replace("-", "_"))[: args.local_peers]):
+            if v:
+                own[i] += [f"--{flag}", v]
+    return tuple(own)
 
 
 def ring_modes(draft: str | None, modes: list[str], in_flight: list[int | None]) -> list[tuple]:
@@ -451,7 +475,7 @@ async def ring_row(args, ring, mode: str, spec: str | None, flight: int | str | 
                 advance(f"{label} at {rtt_ms:g} ms: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
             row.runs.append(sample)
         row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes", "graphs",
-                                          "planned_bytes")}
+                                          "planned_bytes", "ms_per_layer", "share", "spare")}
                        for m in ring.host.members_info() if m["state"] not in ("lost", "left")]
         if cores is not None:  # what the system says each process may run on (not what was asked)
             pids = {"host": 0} | {local_name(i): p.pid for i, p in enumerate(ring.local.procs if ring.local else [])}

@@ -86,10 +86,18 @@ def _model_args(p: argparse.ArgumentParser, model_help: str = MODEL_HELP + " (de
                    "CUDA graphs of short passes")
 
 
+def placement_arg(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument("--placement", choices=["speed", "memory"], default=default,
+                   help="how the layers are split: speed (the fastest members hold as many as they can, by their "
+                   "measured ms per layer; a member that would only add time is a spare) or memory (in proportion "
+                   "to what each offers) (default: %s)" % (default or "speed, or $SFCHAT_PLACEMENT"))
+
+
 def _gen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-peers", type=at_least(0), default=0, metavar="N",
                    help="start N peer processes on this machine")
     offer_arg(p)
+    placement_arg(p)
     p.add_argument("--draft", type=draft_word, help=DRAFT_HELP + " (default: auto)")
     p.add_argument("--k", type=at_least(0), help="pin the draft length (default: adaptive)")
     tree_args(p)
@@ -204,6 +212,8 @@ def parser() -> argparse.ArgumentParser:
                    "the host sees)")
     offer_arg(p)
     p.add_argument("--name", default="peer", help="this peer's name in the host's ring panel")
+    p.add_argument("--threads", type=at_least(1), metavar="N", help="torch's CPU threads for this member's passes "
+                   "(default: torch's, one per core)")
     p.add_argument("--relay", metavar="HOST:PORT", help="be reachable through this relay (implied by a relay:// address)")
     p.add_argument("--tls", metavar="FINGERPRINT", help="the host's certificate fingerprint (from a --tls invite)")
     p.add_argument("--headless", action="store_true", help="a plain log instead of the peer screen")

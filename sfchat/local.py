@@ -60,8 +60,9 @@ def stop(procs: list[subprocess.Popen], timeout: float = 5) -> None:
 class LocalPeers:
     def __init__(self, n: int, host_addr: str, token: str, *, model: str | None = None, dtype: str = "auto",
                  quant: str = "none", graphs: bool = True, extra: list[str] | None = None,
-                 cores: tuple[list[int], ...] = ()):
-        """`cores` (bench --pin): peer i pins itself to cores[i] as it starts."""
+                 cores: tuple[list[int], ...] = (), own: tuple[list[str], ...] = ()):
+        """`cores` (bench --pin): peer i pins itself to cores[i] as it starts; `own`: peer i's own join flags
+        (bench --member-threads…), after the common ones so they win."""
         self.procs: list[subprocess.Popen] = []
         logs = cache_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -75,6 +76,7 @@ class LocalPeers:
             if model:
                 cmd += ["--model", model]
             cmd += extra or []
+            cmd += own[i] if i < len(own) else []
             path = logs / f"local-peer-{os.getpid()}-{i + 1}.log"
             self.log_paths.append(path)
             pin = {CORES_ENV: ",".join(map(str, cores[i]))} if i < len(cores) else {}

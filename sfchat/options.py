@@ -67,6 +67,7 @@ class RingOptions:
     serve: ServeOptions | None = None  # None: no endpoint
     local_peers: int = 0
     local_cores: tuple[list[int], ...] = ()  # bench --pin: the cores each local peer pins itself to (none: any)
+    local_args: tuple[list[str], ...] = ()  # bench --member-*: each local peer's own join flags (threads, dtype…)
     wait_peers: int = 0  # joiners to wait for before the first plan
     advertise: str | None = None  # the address the invite names
 
@@ -113,7 +114,8 @@ def ring_options(args, s: Settings | None = None) -> RingOptions:
                        listen=a.get("listen") or "127.0.0.1:0", device=a.get("device"),
                        dtype=a.get("dtype", "auto"), quant=a.get("quant", "none"), tls=bool(a.get("tls")),
                        relay=a.get("relay"), max_context=a.get("max_context"), graphs=not a.get("no_graphs"),
-                       conversations=a.get("max_conversations"), offer_gb=a.get("offer_gb"))
+                       conversations=a.get("max_conversations"), offer_gb=a.get("offer_gb"),
+                       placement=a.get("placement"), serving=bool(a.get("serve")))
     serve = None
     if a.get("serve"):
         serve = ServeOptions(a["serve"], api_key=a.get("api_key"), insecure_no_key=bool(a.get("insecure_no_key")),
@@ -126,5 +128,5 @@ def join_options(args) -> JoinOptions:
     peer = PeerOptions(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
                        device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb,
                        name=args.name, relay=args.relay, tls_pin=args.tls and check_pin(args.tls),
-                       graphs=not args.no_graphs, key=secrets.token_hex(8))
+                       graphs=not args.no_graphs, key=secrets.token_hex(8), threads=args.threads)
     return JoinOptions(peer, stay=args.stay, retry_s=args.retry_s)

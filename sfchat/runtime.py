@@ -48,7 +48,7 @@ async def open_ring(opts: RingOptions, *, announce: bool = True, host: Host | No
         local = LocalPeers(n_local, host.relay_address or host.address, host.token, model=host.source.spec,
                            dtype=opts.host.dtype, quant=opts.host.quant, graphs=opts.host.graphs,
                            extra=["--tls", host.tls.fingerprint] if host.tls.enabled else None,
-                           cores=opts.local_cores) if n_local else None
+                           cores=opts.local_cores, own=opts.local_args) if n_local else None
         try:
             if wait_peers and announce:
                 say(f"Waiting for {wait_peers} peer(s). On each, run:\n  {invite_for(opts, host)}")

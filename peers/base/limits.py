@@ -7,6 +7,11 @@ MAX_PASS_POSITIONS = 1024  # a longer pass (prefill, replay) is cut into chunks 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # pass lengths a CUDA graph is captured for (a pass is padded up to one)
 BATCH_BUCKETS = (1, 2, 4, 8, 16)  # conversations in a graphed pass (a batch is padded up to one)
 MAX_NODES = GRAPH_BUCKETS[-1] // 2  # a round's tree of drafts at most: with the tokens carried before it, one bucket
+# the decoder layer every member times to report its speed (peers/compute/speed.py): SmolLM2-135M's shape; a
+# model's layer costs about its weights / this layer's (peers/plan/layers.py: scale)
+REFERENCE_LAYER = {"hidden": 576, "intermediate": 1536, "heads": 9, "kv_heads": 3}
+REFERENCE_WEIGHTS = 576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536 + 2 * 576
+SPEED_POSITIONS = (1, 8, 64)  # pass sizes it is timed at: one position, a speculative round, a prefill chunk
 CONVERSATIONS = 4  # the default --max-conversations: rows of the KV arena each member allocates (peers/kv.py)
 
 

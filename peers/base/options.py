@@ -22,6 +22,8 @@ class HostOptions:
     max_context: int | None = None  # None: the model's limit, capped
     graphs: bool = True  # CUDA graphs of short passes (a GPU only)
     conversations: int | None = None  # rows of each member's KV arena (--max-conversations); None: the default
+    placement: str | None = None  # "speed" or "memory" (peers/plan/placement.py); None: $SFCHAT_PLACEMENT, or speed
+    serving: bool = False  # many conversations in flight (sfchat serve): the plan evens out the busiest stage
 
 
 @dataclass(frozen=True)
@@ -39,4 +41,5 @@ class PeerOptions:
     relay: str | None = None
     tls_pin: str | None = None  # the host's certificate fingerprint from a --tls invite
     graphs: bool = True  # CUDA graphs of short passes (a GPU only)
+    threads: int | None = None  # torch's CPU threads (--threads); None: torch's default
     key: str = ""  # one `sfchat join`'s, the same at each of its joins: the host keeps its member number

@@ -16,7 +16,7 @@ import torch
 import trio
 
 from peers.models import checkpoint, source as models
-from peers.compute import device
+from peers.compute import device, speed
 from peers.links import dial as links
 from peers.wire import schema as validate, codec as wire
 from peers.host.batcher import MAX_BATCH, Batcher, Round
@@ -30,6 +30,7 @@ from peers.base.options import HostOptions
 from peers.base.limits import CONVERSATIONS
 from peers.plan.layers import ModelSize, chunk_end, chunk_positions, kv_bytes
 from peers.plan.planner import Planner, Target
+from peers.plan.placement import placement_of
 from peers.host.stage import HostStage
 from peers.host.return_link import ReturnLink
 from peers.host.session import RingSession
@@ -80,9 +81,11 @@ class Host:
         size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
                         self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs,
-                        opts.conversations or CONVERSATIONS)
+                        opts.conversations or CONVERSATIONS, placement_of(opts.placement), opts.serving)
         self.planner = Planner(target, self.roster, offer_gb=opts.offer_gb, token=self.token, tls=self.tls,
                                on_change=self._plan_changed)
+        if target.placement == "speed":  # the host's own speed, as every member times its own
+            self.planner.host_ms = speed.measure(self.device, self.dtype, self.quant, "host")
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
         self.port = 0
         self.returns = ReturnLink(self)  # the last member's replies, to the passes waiting for them
@@ -156,7 +159,9 @@ class Host:
                 "download": fetching, "rtt_ms": 0.0,
                 "memory_bytes": now, "peak_memory_bytes": peak, "free_bytes": int(self.planner.host_offer()),
                 "graphs": self.shard.graphs.captured if self.shard and self.shard.graphs else 0,
-                "planned_bytes": self.planner.host_planned}
+                "planned_bytes": self.planner.host_planned,
+                "ms_per_layer": None if self.planner.host_ms != self.planner.host_ms else round(self.planner.host_ms, 3),
+                "share": round(self.planner.host_share, 3), "spare": False}
         return [host] + [m.info() for m in self.members]
 
     # --- serving -------------------------------------------------------------------------------------------

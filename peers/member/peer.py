@@ -9,9 +9,10 @@ from functools import partial
 import time
 from dataclasses import dataclass, field
 
+import torch
 import trio
 
-from peers.compute import device
+from peers.compute import device, speed
 from peers.models import hub, source as models
 from peers.links import dial as links
 from peers.wire import schema as validate, codec as wire
@@ -56,6 +57,8 @@ class Peer:
         self.device = opts.device or default_device()
         self.dtype = pick_dtype(opts.dtype, self.device)  # each member its own; hidden states convert at each hop
         self.offer_gb, self.name, self.graphs, self.key = opts.offer_gb, opts.name, opts.graphs, opts.key
+        if opts.threads:  # before any pass, the timing below included
+            torch.set_num_threads(opts.threads)
         self.relay = links.relay_of(opts.address, opts.relay)  # also reachable through it, if any
         self.tls_pin = opts.tls_pin  # the host's certificate fingerprint from the invite: the ring uses TLS
         self.tls = TLSEndpoint(bool(opts.tls_pin), f"peer-{opts.name}")
@@ -82,6 +85,8 @@ class Peer:
             got = await nursery.start(partial(links.serve, self.data.serve, self.listen, self.relay,
                                               links.member_endpoint(self.host_addr, self.name), default_host="0.0.0.0"))
             my_port, self.advertise = got.port, self.advertise or got.relay_address or None
+            # its speed, before it joins (the host waits for an offer only so long)
+            ms = await trio.to_thread.run_sync(speed.measure, self.device, self.dtype, self.quant, self.name)
             stream = await TLSEndpoint.dial(await links.dial(self.host_addr), self.tls_pin)
             self.ctl = ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # the host pings every second
             await client_handshake(ctl, self.token, "join", name=self.name)
@@ -89,7 +94,8 @@ class Peer:
             await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
                             "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant,
                             "rss_bytes": rss_bytes(), "tls_fingerprint": self.tls.fingerprint,
-                            "compute": device.compute_id(self.device), "key": self.key})
+                            "compute": device.compute_id(self.device), "key": self.key,
+                            "ms_per_layer": ms})
             log.info("joined %s as %s; data port %d", self.host_addr, self.name, my_port)
             self._changed(state="joined")
             task_status.started(my_port)

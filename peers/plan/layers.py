@@ -7,12 +7,15 @@ layers are split in proportion to capacities, so no member gets more than it can
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from peers.base.dtypes import DTYPE_BYTES
 from peers.base.errors import FitError
-from peers.base.limits import GRAPH_BUCKETS, MAX_CONTEXT, MAX_PASS_POSITIONS, cache_positions, size
+from peers.base.limits import (GRAPH_BUCKETS, MAX_CONTEXT, MAX_PASS_POSITIONS, REFERENCE_WEIGHTS, cache_positions,
+                               size)
 from peers.base.span import Span
+from peers.plan.placement import Stage, place, ring_order
 
 # bytes a quantized matrix keeps per weight: int8 one byte (its float32 scale per row is counted by rows);
 # nf4 half a byte, a one-byte absmax per 64-weight block and a float32 per 256 blocks (double quantization)
@@ -72,6 +75,8 @@ class Offer:
     free: int  # bytes it offers
     dtype: str = "float32"
     quant: str = "none"
+    ms_per_layer: float = math.nan  # measured on a reference layer (peers/compute/speed.py); nan: not measured
+    link_ms: float = 0.0  # the round trip between the host and it
 
 
 def weight_bytes(m: ModelSize, dtype: str, quant: str) -> int:
@@ -127,8 +132,11 @@ def ring_bytes(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0
             + len(offers) * pass_bytes(m, h.dtype, context))
 
 
-def plan(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0, rows: int = 1) -> list[Span]:
-    """Contiguous spans, host first, each within what its member can hold; FitError if the ring cannot."""
+def plan(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0, rows: int = 1,
+         placement: str = "memory", many: bool = False) -> list[Span]:
+    """Contiguous spans, host first, each within what its member can hold; FitError if the ring cannot.
+    `placement` "memory": in proportion to what each can hold; "speed" (where every member measured its speed):
+    the least predicted time per token (peers/plan/placement.py), `many` conversations: the least busy stage."""
     host = offers[0]
     fixed = host_bytes(m, host.dtype, drafter) + pass_bytes(m, host.dtype, context)
     if host.free < fixed:
@@ -137,7 +145,32 @@ def plan(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0, rows
     caps = capacities(m, offers, context, drafter, rows)
     if sum(caps) < m.n_layers:
         raise FitError(_too_small(m, offers, context, drafter, sum(caps), rows))
+    if placement == "speed" and not any(math.isnan(o.ms_per_layer) for o in offers):
+        stages = [Stage(c, o.ms_per_layer * scale(m), o.link_ms) for c, o in zip(caps, offers)]
+        counts = place(stages, m.n_layers, many=many)
+        if counts is not None:
+            return spans_in_order(m.n_layers, counts, [0, *ring_order(stages, counts)])
     return split_layers(m.n_layers, [float(c) for c in caps])
+
+
+def scale(m: ModelSize) -> float:
+    """A layer of this model against the reference layer members time (peers/compute/speed.py): its weights, to
+    which a pass's compute is about proportional."""
+    return (m.layer_matrix + m.layer_other) / REFERENCE_WEIGHTS
+
+
+def spans_in_order(n_layers: int, counts: list[int], order: list[int]) -> list[Span]:
+    """Span per member (by index) for `counts` layers each, contiguous in the pass order `order`; the rest empty."""
+    spans, start = [Span(0, 0, n_layers) for _ in counts], 0
+    for i in order:
+        spans[i] = Span(start, start + counts[i], n_layers)
+        start += counts[i]
+    return spans
+
+
+def predicted_ms(m: ModelSize, offers: list[Offer], spans: list[Span]) -> float:
+    """Predicted ms per token for one conversation under these spans (nan where a member did not measure)."""
+    return sum(s.size * o.ms_per_layer * scale(m) + (o.link_ms if s.size else 0.0) for o, s in zip(offers, spans))
 
 
 def _too_small(m: ModelSize, offers: list[Offer], context: int, drafter: int, room: int, rows: int) -> str:
@@ -148,7 +181,7 @@ def _too_small(m: ModelSize, offers: list[Offer], context: int, drafter: int, ro
     helps = ["add a member"]
 
     def needs(**change) -> str:
-        other = [Offer(o.name, o.free, change.get("dtype", o.dtype), change.get("quant", o.quant)) for o in offers]
+        other = [replace(o, dtype=change.get("dtype", o.dtype), quant=change.get("quant", o.quant)) for o in offers]
         return size(ring_bytes(m, other, change.get("context", context), drafter, change.get("rows", rows)))
 
     if h.quant != "nf4":

@@ -7,6 +7,7 @@ epoch: after a re-plan each conversation replays its committed tokens (peers/hos
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from peers.plan.roster import Member, Roster
 from peers.plan.gate import PassGate
 from peers.compute.memory import free_bytes, give_back
 from peers.base.limits import CONVERSATIONS
-from peers.plan.layers import QUANT_BYTES, ModelSize, Offer, covers, host_bytes, plan, planned_bytes
+from peers.plan.layers import (QUANT_BYTES, ModelSize, Offer, covers, host_bytes, plan, planned_bytes, predicted_ms,
+                               scale)
 from peers.compute.shard import Shard
 from peers.base.dtypes import DTYPES
 from peers.links.tls import Endpoint as TLSEndpoint
@@ -45,6 +47,8 @@ class Target:
     max_context: int
     graphs: bool = True  # CUDA graphs of the host's short passes
     conversations: int = CONVERSATIONS  # rows of every member's KV arena (peers/compute/kv.py)
+    placement: str = "speed"  # or "memory" (peers/plan/placement.py)
+    serving: bool = False  # many conversations in flight: the busiest stage is what the plan weighs
 
 
 class Planner:
@@ -66,6 +70,9 @@ class Planner:
         self.left_out: list[str] = []  # why members were left out since the last plan that held, for a FitError
         self.planned = 0  # the last epoch handed out (a failed try's too)
         self.why = ""  # why the last re-plan failed: the ring answers nothing until one succeeds
+        self.host_ms = math.nan  # the host's own measured ms per reference layer (peers/compute/speed.py)
+        self.host_share = 0.0  # its part of the predicted time per token
+        self.predicted_ms = math.nan  # the current plan's predicted ms per token (one conversation)
 
     def host_offer(self) -> int:
         """What the host offers, the embedding, head and drafter included (the plan takes them off)."""
@@ -73,9 +80,10 @@ class Planner:
 
     def offers(self, live: list[Member]) -> list[Offer]:
         t = self.target
-        return [Offer("host", self.host_offer(), t.dtype, t.quant)] + [
+        return [Offer("host", self.host_offer(), t.dtype, t.quant, self.host_ms)] + [
             Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
-                  m.quant if m.quant in QUANT_BYTES else "none") for m in live]
+                  m.quant if m.quant in QUANT_BYTES else "none", m.ms_per_layer,
+                  0.0 if math.isnan(m.rtt_ms) else m.rtt_ms) for m in live]
 
     def problem(self) -> str:
         """Why the ring cannot answer now, or '' when it can: its spans must hold every layer exactly once, in pass
@@ -132,15 +140,17 @@ class Planner:
         live = self.roster.live()
         # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
         try:
-            spans = plan(t.size, self.offers(live), t.max_context, self.drafter_bytes, t.conversations)
+            spans = plan(t.size, self.offers(live), t.max_context, self.drafter_bytes, t.conversations,
+                         t.placement, t.serving)
         except FitError as e:
             if self.left_out:  # say why the ring is smaller than it was
                 raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}") from None
             raise
         await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
         self.planned = epoch = max(self.planned, self.epoch) + 1  # a new number each try: no late "ready" counts
-        ring = [m for m, s in zip(live, spans[1:]) if s.size]
+        ring = sorted((m for m, s in zip(live, spans[1:]) if s.size), key=lambda m: spans[1 + live.index(m)].start)
         offers = self.offers(live)
+        self._predict(offers, spans, live)
         planned = [planned_bytes(t.size, o, s, t.max_context, t.conversations) for o, s in zip(offers, spans)]
         self.host_planned = planned[0] + host_bytes(t.size, t.dtype, self.drafter_bytes)
         for m, s, b in zip(live, spans[1:], planned[1:]):
@@ -194,10 +204,24 @@ class Planner:
                 self._leave_out([m])
                 return False
         self.ring, self.epoch = ring, epoch
-        log.info("ring epoch %d: host %s%s", epoch, spans[0],
-                 "".join(f" -> member {m.id} {m.span}" for m in ring))
+        spares = [m for m in live if m.state == "spare"]
+        log.info("ring epoch %d: host %s%s%s; %s placement%s", epoch, spans[0],
+                 "".join(f" -> member {m.id} {m.span}" for m in ring),
+                 "".join(f", member {m.id} spare" for m in spares), t.placement,
+                 "" if math.isnan(self.predicted_ms) else f", predicted {self.predicted_ms:.1f} ms per token")
         self.on_change()
         return True
+
+    def _predict(self, offers: list[Offer], spans: list, live: list[Member]) -> None:
+        """The plan's predicted ms per token, and each stage's share of it (nan where someone did not measure)."""
+        self.predicted_ms = predicted_ms(self.target.size, offers, spans)
+        parts = [s.size * o.ms_per_layer * scale(self.target.size) + (o.link_ms if s.size else 0.0)
+                 for o, s in zip(offers, spans)]
+        total = sum(parts)
+        shares = [p / total if total > 0 and not math.isnan(total) else 0.0 for p in parts]
+        self.host_share = shares[0]
+        for m, share in zip(live, shares[1:]):
+            m.share = share
 
     async def _fetch_own(self, span) -> None:
         """The files of the host's span, embedding, norm and head (a hub model's: fetched if missing)."""

@@ -37,10 +37,12 @@ class Member:
     free_bytes: int
     dtype: str
     quant: str = "none"
-    state: str = "joining"  # joining, loading, ready, idle (no layers), failed, lost
+    state: str = "joining"  # joining, loading, ready, spare (no layers: placed out by speed), failed, lost
     span: Span | None = None
     epoch: int = -1  # the plan it was last given: its "ready" counts for that plan only
     rtt_ms: float = math.nan
+    ms_per_layer: float = math.nan  # its measured speed on the reference layer (peers/compute/speed.py)
+    share: float = 0.0  # its part of the predicted time per token under the current plan
     rss: int = 0  # memory in use (resident set on a CPU, allocated tensors on a GPU), as last reported
     peak: int = 0  # the most it has used
     tls_fingerprint: str = ""
@@ -69,7 +71,9 @@ class Member:
                 "download": self.download,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
                 "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes,
-                "conversations": self.sessions, "graphs": self.graphs, "planned_bytes": self.planned_bytes}
+                "conversations": self.sessions, "graphs": self.graphs, "planned_bytes": self.planned_bytes,
+                "ms_per_layer": None if math.isnan(self.ms_per_layer) else round(self.ms_per_layer, 3),
+                "share": round(self.share, 3), "spare": self.state == "spare"}
 
     def reported(self, msg: dict) -> None:
         """Take the memory figures a pong or ready carries."""
@@ -80,7 +84,7 @@ class Member:
     def assign(self, span: Span, epoch: int) -> None:
         """Planned in: loading its span for `epoch` (idle if it holds no layers), ready once it says so."""
         self.span, self.epoch, self.ready = span, epoch, trio.Event()
-        self.state = "loading" if span.size else "idle"
+        self.state = "loading" if span.size else "spare"
 
 
 class Roster:
@@ -124,6 +128,7 @@ class Roster:
         if before is not None:
             m.failed_before, m.said_still = before.error if before.leaving else "", before.said_still
         m.rss_before = int(offer.get("rss_bytes") or 0)
+        m.ms_per_layer = validate.speed(offer)
         m.tls_fingerprint = str(offer.get("tls_fingerprint") or "")
         m.compute = str(offer.get("compute") or f"member {m.id}")[:80]
         if self.tls and not m.tls_fingerprint:
@@ -137,6 +142,7 @@ class Roster:
             self.joined.notify_all()
         self.on_join()
         try:
+            await ch.send({"t": "ping", "n": time.perf_counter()})  # its round trip, for the plan that comes next
             await link.follow({t: partial(self._heard, m, handle)
                                for t, handle in (("pong", _pong), ("ready", _ready), ("progress", _progress),
                                                  ("fail", _fail), ("bye", _bye))})

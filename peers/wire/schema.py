@@ -1,6 +1,8 @@
 """Schema checks for ring messages: anything off is a WireError, answered with an error and a closed link."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from peers.wire import tensors, codec as wire
@@ -141,3 +143,10 @@ def progress(msg: dict) -> dict | None:
         return None
     total, done = need(msg, "total", int, 0), need(msg, "done", int, 0)
     return {"file": str(msg.get("file", ""))[:200], "done": min(done, total), "total": total}
+
+
+def speed(offer: dict) -> float:
+    """A member's measured ms per reference layer from its offer; nan where it did not say (an older member) or
+    said something that is no time."""
+    ms = offer.get("ms_per_layer")
+    return float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 < ms < 1e6 else math.nan

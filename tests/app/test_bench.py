@@ -186,3 +186,13 @@ def test_cores_split_in_blocks_or_round_robin():
     assert split(3, list(range(8))) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert split(3, [0, 1]) == [[0], [1], [0]]  # more processes than cores: round-robin
     assert (cores_text([3]), cores_text([0, 1, 2]), cores_text([0, 2])) == ("core 3", "cores 0-2", "cores 0,2")
+
+
+def test_each_local_member_gets_its_own_flags():
+    from sfchat.bench import member_args
+    from sfchat.cli import parser
+
+    args = parser().parse_args(["bench", "--local-peers", "3", "--member-threads", "4,,1", "--member-dtype",
+                                ",bfloat16", "--member-offer-gb", "1.5"])
+    assert member_args(args) == (["--threads", "4", "--offer-gb", "1.5"], ["--dtype", "bfloat16"], ["--threads", "1"])
+    assert args.placement == "memory"  # bench's rows cross every member unless asked otherwise

@@ -1,5 +1,6 @@
-"""The ring panel: every member with address, layers, device, memory in use and its peak (resident set on a CPU,
-allocated tensors on a GPU), round-trip time and state; the invite, its command on one line that never wraps
+"""The ring panel: every member with address, layers, device, measured ms per layer and share of the predicted time
+per token, memory in use and its peak (resident set on a CPU, allocated tensors on a GPU), round-trip time and state
+(a spare holds no layers: the plan by speed left it out, and uses it first when a member fails); the invite, its command on one line that never wraps
 (a TLS fingerprint broken over lines cannot be selected and pasted); with --serve, the endpoint, its requests in
 flight and the conversations each member holds caches for."""
 from __future__ import annotations
@@ -12,10 +13,21 @@ from textual.widgets import DataTable, Static
 
 from .fmt import ms, size
 
-COLUMNS = ("name", "address", "layers", "device", "memory", "peak", "rtt", "state")
-WIDTHS = {"layers": 7, "memory": 8, "peak": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
-STATE_STYLES = {"ready": "$success", "joining": "$warning", "loading": "$warning", "idle": "$text-muted",
+# the state and the plan's figures before the device and memory: where the panel is narrow, those are cut off
+COLUMNS = ("name", "address", "layers", "state", "ms/layer", "share", "device", "memory", "peak", "rtt")
+WIDTHS = {"layers": 7, "ms/layer": 8, "share": 5, "memory": 8, "peak": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
+STATE_STYLES = {"ready": "$success", "joining": "$warning", "loading": "$warning", "spare": "$text-muted",
                 "lost": "$error", "failed": "$error", "waiting": "$error", "left": "$text-muted"}
+
+
+def speed(m: dict) -> str:
+    """Its measured ms per reference layer (peers/compute/speed.py); — where it did not measure."""
+    return "—" if m.get("ms_per_layer") is None else f"{m['ms_per_layer']:.2f}"
+
+
+def share(m: dict) -> str:
+    """Its part of the predicted time per token under the plan."""
+    return f"{100 * m['share']:.0f}%" if m.get("share") and m.get("layers") else "—"
 
 
 def state_cell(state: str) -> Content:
@@ -78,8 +90,9 @@ class RingPanel(Vertical):
 
     def show(self, members: list[dict], invite: str, serving: str = "") -> None:
         table = self.query_one(DataTable)
-        rows = {str(m["id"]): (m["name"], m["address"], m["layers"] or "—", m["device"], size(m["memory_bytes"]),
-                               size(m.get("peak_memory_bytes")), ms(m["rtt_ms"]), state_cell(m["state"]))
+        rows = {str(m["id"]): (m["name"], m["address"], m["layers"] or "—", state_cell(m["state"]), speed(m),
+                               share(m), m["device"], size(m["memory_bytes"]), size(m.get("peak_memory_bytes")),
+                               ms(m["rtt_ms"]))
                 for m in by_layers(members)}
         if list(rows) != [key.value for key in table.rows]:  # members came, went or moved: rebuild
             table.clear()

@@ -1,0 +1,35 @@
+"""A member's speed (peers/compute/speed.py): timed for real, within a second or two, slower with fewer threads."""
+import math
+import time
+
+import torch
+
+from peers.base.limits import SPEED_POSITIONS
+from peers.compute import speed
+
+
+def test_timing_a_reference_layer_is_quick_and_says_ms_per_pass_size(monkeypatch):
+    monkeypatch.delenv("SFCHAT_TEST_MS_PER_LAYER", raising=False)
+    t0 = time.perf_counter()
+    by = speed.ms_per_layer("cpu", "float32")
+    assert time.perf_counter() - t0 < 20  # (about one second alone; a test machine shared by others is slower)
+    assert list(by) == list(SPEED_POSITIONS) and all(0 < v < 1e4 and math.isfinite(v) for v in by.values())
+    assert speed.measure("cpu", "bfloat16", who="x") > 0
+
+
+def test_a_fixed_figure_for_tests_by_name(monkeypatch):
+    monkeypatch.setenv("SFCHAT_TEST_MS_PER_LAYER", "host=9,local-a=2")
+    assert speed.measure("cpu", "float32", who="local-a") == 2.0 and speed.measure("cpu", "float32", who="host") == 9.0
+    monkeypatch.setenv("SFCHAT_TEST_MS_PER_LAYER", "3")
+    assert speed.measure("cpu", "float32", who="anyone") == 3.0
+
+
+def test_a_reference_layer_costs_more_at_a_prefill_chunk_than_at_one_position(monkeypatch):
+    monkeypatch.delenv("SFCHAT_TEST_MS_PER_LAYER", raising=False)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        by = speed.ms_per_layer("cpu", "float32")
+    finally:
+        torch.set_num_threads(old)
+    assert by[SPEED_POSITIONS[-1]] > by[SPEED_POSITIONS[0]]
