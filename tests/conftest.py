@@ -126,5 +126,5 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the tests written before placement by speed meant the split by memory (their spans, their members' layers);
 # a test of placement by speed asks for it (--placement speed, or SFCHAT_PLACEMENT=speed in its processes)
 os.environ.setdefault("SFCHAT_PLACEMENT", "memory")
-# nor do they need each member's second of timing as it joins (tests/test_speed.py times for real)
+# nor do they need each member's second of timing as it joins (tests/unit/compute/test_speed.py times for real)
 os.environ.setdefault("SFCHAT_TEST_MS_PER_LAYER", "1.0")
