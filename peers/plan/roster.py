@@ -88,9 +88,10 @@ class Roster:
     when a member is lost."""
 
     def __init__(self, *, tls: bool, heartbeat_s: float, dead_after_s: float, on_change, on_join,
-                 on_lost=lambda m: None):
+                 on_lost=lambda m: None, on_link=lambda epoch, why: None):
         self.tls, self.heartbeat_s, self.dead_after_s = tls, heartbeat_s, dead_after_s
         self.on_change, self.on_join, self.on_lost = on_change, on_join, on_lost
+        self.on_link = on_link  # (epoch, why): a member says a data link of that plan broke
         self.members: list[Member] = []
         self.ids = itertools.count(1)
         self.joined = trio.Condition()
@@ -110,6 +111,7 @@ class Roster:
         """A joiner after its handshake: take its offer, then follow its control link until it ends."""
         link = ControlLink(ch, "host")
         offer = await link.recv(timeout=10)
+        ch.read_timeout = None  # from here the heartbeat says when a member is silent
         ip = peername(stream).rpartition(":")[0]
         port = validate.need(offer, "data_port", int, 1)
         addr = offer.get("advertise") or f"{ip}:{port}"
@@ -139,7 +141,7 @@ class Roster:
         try:
             await link.follow({t: partial(self._heard, m, handle)
                                for t, handle in (("pong", _pong), ("ready", _ready), ("progress", _progress),
-                                                 ("fail", _fail), ("bye", _bye))})
+                                                 ("fail", _fail), ("bye", _bye), ("link", self._link))})
         except ChannelClosed as e:  # the reason a pass waiting on this member reports
             m.error = m.error or str(e).removeprefix(f"{ch.name}: ") or "its connection closed"
             raise
@@ -163,6 +165,11 @@ class Roster:
         self.on_change()
         if m.leaving:  # it waits for the host to hang up, so its failure is read before its link closes
             await m.ctl.aclose()
+
+    def _link(self, m: Member, msg: dict) -> None:
+        if isinstance(msg.get("epoch"), int):
+            self.on_link(msg["epoch"], f"member {m.id} ({m.name}): its {str(msg.get('hop'))[:20]} link broke: "
+                                       f"{str(msg.get('error'))[:300]}")
 
     async def heartbeat(self) -> None:
         """Ping every member; one silent for dead_after_s (killed, stopped, cut off) is declared lost.
