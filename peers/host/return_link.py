@@ -63,7 +63,7 @@ class ReturnLink:
             for event in sent:
                 if event is not None:
                     event.set()  # the host's part is done: the round is on the wire
-            reply = await self._await_reply(recv, pass_timeout(n_positions), frame["epoch"])
+            reply = await self._await_reply(recv, pass_timeout(n_positions), frame["epoch"], seq)
         except (ChannelClosed, trio.TooSlowError) as e:
             raise RingError(f"the ring did not answer: {e}") from None
         finally:
@@ -76,13 +76,16 @@ class ReturnLink:
             raise RingError(str(reply.get("error")))
         return reply
 
-    async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float, epoch: int) -> dict:
-        """The pass's result, or RingError as soon as a ring member is declared lost or a link of its plan broke
-        (the timeout is only a backstop)."""
+    async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float, epoch: int, seq: int) -> dict:
+        """The pass's result, or RingError as soon as a ring member is declared lost or a link of its plan broke.
+        The timeout is only a backstop, and it runs from the last pong of a member computing this very frame: a
+        long prefill on a slow CPU is progress, not a failure."""
         deadline = trio.current_time() + timeout
         while trio.current_time() < deadline:
             with trio.move_on_after(0.1):
                 return await recv.receive()
+            if any(m.computing == seq for m in self.host.ring):
+                deadline = max(deadline, trio.current_time() + timeout)
             if broken := self.host.planner.broken.get(epoch):
                 raise RingError(broken)
             lost = [m for m in self.host.ring if m.state == "lost"]

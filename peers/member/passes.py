@@ -43,6 +43,7 @@ class DataPlane:
         # (sid, seq): segments the host cancelled, the last CANCELS_KEPT of them (a dict: looked up per segment)
         self.cancelled: dict[tuple[str, int], None] = {}
         self.unfinished = 0  # frames read and not yet computed
+        self.computing: tuple[int, float] | None = None  # (seq, since when) of the frame its layers run over now
         self.next: Channel | None = None
         # set while `next` is wired; an assign clears it from closing the old hop to dialling the new one
         self.wired = trio.Event()
@@ -174,6 +175,7 @@ class DataPlane:
         if not kept:  # (its conversations ended, too: the pass that sent it still waits for the reply)
             return await self._fail(msg, "; ".join(failed.values()) or "its conversations ended", warn=bool(failed))
         try:
+            self.computing = (msg["seq"], time.monotonic())  # what its pongs say meanwhile: a long pass is progress
             (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(RUNTIME.call, shard.device, self._compute,
                                                                        shard, passes, skips, limiter=self.compute)
         except ValueError as e:
@@ -188,6 +190,8 @@ class DataPlane:
             who = f"member {self.peer.member_id} ({self.peer.name})"
             return await self._fail(msg, oom_line(who, self.peer.device, f"in a pass of {x.shape[1]} positions"),
                                     oom=True)
+        finally:
+            self.computing = None
         if many:
             msg["batch"], msg["failed"] = kept, failed
         msg["trace"].append([self.peer.name, round(ms, 3)])

@@ -125,8 +125,10 @@ class Peer:
                     pass
 
     async def _control(self, ctl: Channel, nursery) -> None:
-        async def ping(msg: dict) -> None:
+        async def ping(msg: dict) -> None:  # answered from trio while a pass computes in its thread
+            busy = self.data.computing
             await ctl.send({"t": "pong", "n": msg.get("n"), "sessions": len(self.data.sessions),
+                            **({"computing": busy[0], "computing_s": time.monotonic() - busy[1]} if busy else {}),
                             "frames": self.st.frames, "graphs": self.shard.graphs.captured if self.shard and
                             self.shard.graphs else 0, **self._memory()})
 

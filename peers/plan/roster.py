@@ -9,6 +9,7 @@ import itertools
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -52,6 +53,8 @@ class Member:
     download: dict | None = None  # while it fetches its layers' files: {"file", "done", "total"} in bytes
     rss_before: int = 0  # before it loaded its span: rss - rss_before is what the span costs
     last_seen: float = field(default_factory=time.monotonic)
+    rtts: deque = field(default_factory=lambda: deque(maxlen=100))  # its last pongs' round trips, in seconds
+    computing: int | None = None  # the seq of the frame it computes, as of its last pong (a long pass: progress)
     ready: trio.Event = field(default_factory=trio.Event)
     error: str = ""
     oom: bool = False  # it failed by running out of memory (error says how)
@@ -70,6 +73,14 @@ class Member:
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
                 "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes,
                 "conversations": self.sessions, "graphs": self.graphs, "planned_bytes": self.planned_bytes}
+
+    def silent_limit(self, dead_after_s: float) -> float:
+        """How long it may be silent before it is lost: dead_after_s, never under 5x its p99 pong (a member on a
+        slow or loaded link is slow, not dead)."""
+        if len(self.rtts) < 5:
+            return dead_after_s
+        p99 = sorted(self.rtts)[min(len(self.rtts) - 1, int(0.99 * len(self.rtts)))]
+        return max(dead_after_s, 5 * p99)
 
     def reported(self, msg: dict) -> None:
         """Take the memory figures a pong or ready carries."""
@@ -186,7 +197,7 @@ class Roster:
             for m in list(self.members):
                 if m.state == "lost":
                     continue
-                if now - m.last_seen > self.dead_after_s:
+                if now - m.last_seen > m.silent_limit(self.dead_after_s):
                     await self.lose(m, f"no heartbeat for {now - m.last_seen:.1f} s")
                     continue
                 try:
@@ -227,6 +238,8 @@ class Roster:
 def _pong(m: Member, msg: dict) -> None:
     if isinstance(msg.get("n"), float):  # our own perf_counter from the ping
         m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
+        m.rtts.append(m.rtt_ms / 1e3)
+        m.computing = msg.get("computing") if isinstance(msg.get("computing"), int) else None
         m.sessions = int(msg.get("sessions") or 0)
         m.frames = int(msg.get("frames") or 0)
         m.graphs = int(msg.get("graphs") or 0)
