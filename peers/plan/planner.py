@@ -30,6 +30,7 @@ from peers.base.span import Span
 from peers.links.tls import Endpoint as TLSEndpoint
 
 log = logging.getLogger("sfchat.host")
+LINK_GRACE_S = 0.3  # a broken link is judged this long after it is told: a member's bye or loss comes first
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,17 @@ class Planner:
         A link of an older plan ending is the re-plan that replaced it."""
         if epoch != self.epoch or epoch in self.broken or not self.ring or self.roster.closing:
             return
+        if self.nursery is not None:
+            self.nursery.start_soon(self._break, epoch, why)
+
+    async def _break(self, epoch: int, why: str) -> None:
+        """A moment first: a member that leaves (Ctrl+C) or dies closes its links as its control link says so, and
+        that is a departure or a loss, re-planned as one (peers/plan/roster.py), not a broken link."""
+        await trio.sleep(LINK_GRACE_S)
+        if epoch != self.epoch or epoch in self.broken or self.roster.closing:
+            return
+        if gone := [m for m in self.ring if m.left or m.state == "lost"]:
+            return log.info("a link of plan %d broke as member %d left or was lost", epoch, gone[0].id)
         self.broken = {epoch: f"a link of plan {epoch} broke: {why}"}
         if self.gate.replanning:  # the re-plan under way replaces it (and may have closed that link itself)
             return log.info("%s", self.broken[epoch])
