@@ -17,8 +17,9 @@ PROMPT = "the quick brown fox jumps over the lazy dog"
 N = 30
 
 
-async def answer_with_a_cut(model, cut):
-    """The answer, the ring's spans before and after, and seconds from the cut to the next round."""
+async def answer_with_a_cut(model, cut, at_round=4):
+    """The answer, the ring's spans before and after, and seconds from the cut to the next round (at_round 0: the
+    cut comes right after a re-plan, before the answer starts)."""
     async with trio.open_nursery() as outer:
         relay = Relay()
         addr = await outer.start(relay.serve, "127.0.0.1:0")
@@ -33,10 +34,15 @@ async def answer_with_a_cut(model, cut):
                 rounds += 1
                 if cut_at is not None and back is None:
                     back = time.monotonic() - cut_at
-                if rounds == 4:
+                if rounds == at_round:
                     assert cut(relay, host) == 1, "no such link to cut"
                     cut_at = time.monotonic()
 
+            if at_round == 0:
+                await host.replan()
+                spans = [(m.name, str(m.span)) for m in host.ring]
+                assert cut(relay, host) == 1, "no such link to cut"
+                cut_at = time.monotonic()
             _, r = await new_chat(host).reply(PROMPT, drafter=Drafter(), params=SamplingParams(), policy=KPolicy(),
                                               max_new_tokens=N, on_round=on_round)
             after = [(m.name, str(m.span)) for m in host.ring]
@@ -52,4 +58,14 @@ def test_a_link_closed_between_members_is_rewired_at_once(tiny_llama):
     ids, spans, after, back = trio.run(answer_with_a_cut, tiny_llama, between_members)
     assert ids == reference_ids(tiny_llama, PROMPT, N)
     assert after == spans, "everyone was alive: the same spans"
+    assert back is not None and back < 5, f"the first pass after the cut came back in {back} s"
+
+
+def test_a_link_closed_right_after_a_replan_costs_no_pass_timeout(tiny_llama):
+    """The 93-s stall of the soak (docs/reliability.md): a link of a new plan closed before it carried anything.
+    The host, every control link healthy, sent the next pass into it; the member wrote it into a socket whose
+    other end was gone, and the pass waited out its whole timeout (60 s + 0.5 s a position)."""
+    ids, spans, after, back = trio.run(answer_with_a_cut, tiny_llama, between_members, 0)
+    assert ids == reference_ids(tiny_llama, PROMPT, N)
+    assert after == spans
     assert back is not None and back < 5, f"the first pass after the cut came back in {back} s"
