@@ -21,7 +21,7 @@ from peers.links import dial as links
 from peers.wire import schema as validate, codec as wire
 from peers.host.batcher import MAX_BATCH, Batcher, Round
 from peers.links.auth import AuthError, new_token, server_handshake
-from peers.links.channel import Channel, ChannelClosed, parse_addr, peername
+from peers.links.channel import Channel, ChannelClosed, idle_s, parse_addr, peername
 from peers.base.errors import FitError, MemberLeft, RingError
 from peers.models.fingerprint import config_fingerprint
 from peers.compute.memory import default_device, free_bytes, pick_dtype, reset_peak, usage
@@ -77,7 +77,8 @@ class Host:
         self.config = load_config(self.model_dir)
         self.fingerprint = config_fingerprint(self.model_dir)
         self.roster = Roster(tls=self.tls.enabled, heartbeat_s=opts.heartbeat_s, dead_after_s=opts.dead_after_s,
-                             on_change=lambda: self.on_change(), on_join=self._joined, on_lost=self._lost)
+                             on_change=lambda: self.on_change(), on_join=self._joined, on_lost=self._lost,
+                             on_link=lambda epoch, why: self.planner.link_down(epoch, why))
         size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
                         self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs,
@@ -86,6 +87,7 @@ class Host:
                                on_change=self._plan_changed)
         if target.placement == "speed":  # the host's own speed, as every member times its own
             self.planner.host_ms = speed.measure(self.device, self.dtype, self.quant, "host")
+        self.planner.on_broken = self._broken
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
         self.port = 0
         self.returns = ReturnLink(self)  # the last member's replies, to the passes waiting for them
@@ -149,6 +151,17 @@ class Host:
         if self.auto_replan and not self.roster.closing and m in self.ring:
             self.nursery.start_soon(self.planner.replan_logged, self.port, self.epoch)
 
+    def _broken(self, epoch: int) -> None:
+        """A data link of the current plan broke: its passes fail at once (peers/host/return_link.py), and the ring
+        is re-wired now, whether or not a pass is waiting (every member alive: the same spans, nothing reloaded)."""
+        self.nursery.start_soon(self._recover_logged, epoch)
+
+    async def _recover_logged(self, epoch: int) -> None:
+        try:
+            await self.recover(epoch)
+        except RingError as e:
+            log.error("re-wiring failed: %s", e)
+
     def members_info(self) -> list[dict]:
         now, peak = usage(self.device)
         fetching = self.planner.fetching()
@@ -170,7 +183,7 @@ class Host:
         async with trio.open_nursery() as nursery:
             got = await nursery.start(links.serve, self._accept, self.listen, self.relay, links.host_endpoint())
             self.port, self.relay_address = got.port, got.relay_address
-            self.nursery = nursery
+            self.nursery = self.planner.nursery = nursery
             try:
                 if self.plan_at_start:
                     await self.replan()  # the host alone, until members join
@@ -192,13 +205,18 @@ class Host:
         except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
             log.warning("TLS handshake with %s failed: %s", peername(stream), e)
             return
-        ch = Channel(stream, "incoming", read_timeout=3600)
+        ch = Channel(stream, "incoming", read_timeout=idle_s())
         try:
             hello = await server_handshake(ch, self.token, {"member": 0})
             if hello["role"] == "join":
                 await self.roster.admit(ch, hello, stream)
             elif hello["role"] == "data":
-                await self.returns.serve(ch)
+                epoch = hello.get("epoch") if isinstance(hello.get("epoch"), int) else None
+                try:
+                    await self.returns.serve(ch)
+                except (ChannelClosed, wire.WireError) as e:  # the last member's link to the host ended
+                    self.planner.link_down(epoch, f"the return link: {e}")
+                    raise
             else:
                 await ch.error(f"unknown role {hello['role']!r}")
         except AuthError as e:

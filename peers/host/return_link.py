@@ -13,7 +13,7 @@ import trio
 
 from peers.compute import device
 from peers.wire import schema as validate, codec as wire
-from peers.links.channel import Channel, ChannelClosed
+from peers.links.channel import Channel, ChannelClosed, ChannelIdle
 from peers.base.errors import MemberLeft, RingError
 
 
@@ -28,7 +28,10 @@ class ReturnLink:
     async def serve(self, ch: Channel) -> None:
         """The last hop's results come back here; hand each to the pass waiting for it."""
         while True:
-            msg = await ch.recv(into=self._landing)
+            try:
+                msg = await ch.recv(into=self._landing)
+            except ChannelIdle:  # an idle ring keeps its links (keepalive says if the other side is gone)
+                continue
             if msg["t"] == "cancel":  # the host's own cancel, come round the ring: every member has it
                 continue
             if msg["t"] not in ("fwd", "fail"):
@@ -60,7 +63,7 @@ class ReturnLink:
             for event in sent:
                 if event is not None:
                     event.set()  # the host's part is done: the round is on the wire
-            reply = await self._await_reply(recv, pass_timeout(n_positions))
+            reply = await self._await_reply(recv, pass_timeout(n_positions), frame["epoch"], seq)
         except (ChannelClosed, trio.TooSlowError) as e:
             raise RingError(f"the ring did not answer: {e}") from None
         finally:
@@ -73,12 +76,18 @@ class ReturnLink:
             raise RingError(str(reply.get("error")))
         return reply
 
-    async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float) -> dict:
-        """The pass's result, or RingError as soon as a ring member is declared lost."""
+    async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float, epoch: int, seq: int) -> dict:
+        """The pass's result, or RingError as soon as a ring member is declared lost or a link of its plan broke.
+        The timeout is only a backstop, and it runs from the last pong of a member computing this very frame: a
+        long prefill on a slow CPU is progress, not a failure."""
         deadline = trio.current_time() + timeout
         while trio.current_time() < deadline:
             with trio.move_on_after(0.1):
                 return await recv.receive()
+            if any(m.computing == seq for m in self.host.ring):
+                deadline = max(deadline, trio.current_time() + timeout)
+            if broken := self.host.planner.broken.get(epoch):
+                raise RingError(broken)
             lost = [m for m in self.host.ring if m.state == "lost"]
             if lost and lost[0].left:
                 raise MemberLeft(f"member {lost[0].id} ({lost[0].name}) left")

@@ -3,6 +3,8 @@ checked before the body is read). A frame's raw bytes go out from where they lie
 buffer the receiver gives them (on a plain socket, recv_into: no copy in between)."""
 from __future__ import annotations
 
+import math
+import os
 import socket
 
 import trio
@@ -11,10 +13,26 @@ from peers.wire import codec as wire
 
 SMALL = 64 * 1024  # raw bytes up to this go out in the same send as their header
 READ_TIMEOUT = 30.0  # a silent connection cannot hold a slot for longer than this
+# a send that makes no progress for this long, plus its bytes at this rate, has hung: the other side stopped reading
+SEND_S, SEND_RATE = 20.0, 256 * 1024
+# the kernel's own deadlines, so a peer gone without a FIN or RST (a cut cable, a machine asleep) is noticed even on
+# an idle link: keepalive probes after KEEPALIVE_S of silence, one a second, KEEPALIVE_PROBES unanswered ends it;
+# data unacknowledged for USER_TIMEOUT_S ends it too
+KEEPALIVE_S, KEEPALIVE_PROBES = 5, 3
+USER_TIMEOUT_S = 10.0
+# how long a link carrying passes may sit idle before its reader looks again (it stays up: a ring idle for hours
+# answers its next prompt at once; the kernel's keepalive, not this, says when the other side is gone). Tests
+# shorten it (SFCHAT_LINK_IDLE_S) to show exactly that.
+def idle_s() -> float:
+    return float(os.environ.get("SFCHAT_LINK_IDLE_S") or 3600)
 
 
 class ChannelClosed(Exception):
     """The other side went away (or broke the protocol and was dropped)."""
+
+
+class ChannelIdle(ChannelClosed):
+    """Nothing came within the read timeout; the link is intact (a reader may simply read on)."""
 
 
 class Channel:
@@ -25,19 +43,26 @@ class Channel:
         self.read_timeout = read_timeout
         self.decoder = wire.FrameDecoder(max_frame)
         self.send_lock = trio.Lock()
-        set_nodelay(stream)
+        tune(stream)
 
-    async def send(self, msg: dict) -> None:
+    async def send(self, msg: dict, timeout: float | None = None) -> None:
+        """Send one message; ChannelClosed if the link is gone or the send hangs past its deadline (SEND_S plus
+        its bytes at SEND_RATE, unless `timeout`): then the link is closed, half a frame never goes on."""
         head, raw = wire.frame(msg)
         if raw is not None and len(raw) <= SMALL:
             head, raw = head + raw, None
+        limit = timeout if timeout is not None else SEND_S + (len(head) + len(raw or b"")) / SEND_RATE
         async with self.send_lock:
-            try:
-                await self.stream.send_all(head)
-                if raw is not None:
-                    await self.stream.send_all(raw)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-                raise ChannelClosed(f"{self.name}: {e}") from None
+            with trio.move_on_after(limit) as scope:
+                try:
+                    await self.stream.send_all(head)
+                    if raw is not None:
+                        await self.stream.send_all(raw)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                    raise ChannelClosed(f"{self.name}: {e}") from None
+            if scope.cancelled_caught:
+                await trio.aclose_forcefully(self.stream)
+                raise ChannelClosed(f"{self.name}: a send made no progress for {limit:.0f} s")
 
     async def recv(self, timeout: float | None = None, into=None) -> dict:
         """The next message; raises ChannelClosed on EOF or timeout, WireError on a malformed frame.
@@ -46,6 +71,7 @@ class Channel:
         check the message and raise WireError); else a new bytearray. It reads no further than the end of that
         frame, so a stream handed on after a message (a relay's "connected") keeps every byte that follows."""
         limit = self.read_timeout if timeout is None else timeout
+        limit = math.inf if limit is None else limit
         dec = self.decoder
         dec.into = into
         with trio.move_on_after(limit):
@@ -63,7 +89,7 @@ class Channel:
                     raise ChannelClosed(f"{self.name}: connection closed")
                 if msgs:
                     return msgs[0]
-        raise ChannelClosed(f"{self.name}: no message within {limit:.0f} s")
+        raise ChannelIdle(f"{self.name}: no message within {limit:.0f} s")
 
     async def _receive_into(self, place: memoryview) -> int:
         if isinstance(self.stream, trio.SocketStream):
@@ -89,10 +115,18 @@ class Channel:
                 pass
 
 
-def set_nodelay(stream: trio.abc.Stream) -> None:
+def tune(stream: trio.abc.Stream) -> None:
+    """TCP_NODELAY (a frame goes at once), keepalive and TCP_USER_TIMEOUT (a peer gone silently is noticed in
+    seconds, not after the kernel's two hours or fifteen minutes) on a TCP stream's socket."""
     sock = getattr(getattr(stream, "transport_stream", stream), "socket", None)
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_S), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+                        ("TCP_USER_TIMEOUT", int(USER_TIMEOUT_S * 1000))):
+        if hasattr(socket, name):  # (Linux names them all; macOS lacks some)
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def parse_addr(addr: str, default_host: str = "127.0.0.1") -> tuple[str, int]:

@@ -10,6 +10,8 @@
                     <----   drop            a conversation ended: free its caches
                     <----   bye             the ring closes
       bye           ---->                   the member leaves (Ctrl+C): a departure, not a failure
+      link          ---->                   a data link of plan `epoch` broke at this member ({epoch, hop,
+                                            error}): the host fails that plan's passes and re-wires at once
       error         <--->   error           the sender closes the link, and says why
 
 The data links (fwd and fail frames, peers/member/peer.py) are not part of it.
@@ -22,7 +24,7 @@ from peers.wire.codec import WireError
 # what one side may receive from the other, by the state of the link
 RECEIVES = {
     ("host", "joining"): {"offer"},
-    ("host", "joined"): {"progress", "ready", "fail", "pong", "bye"},
+    ("host", "joined"): {"progress", "ready", "fail", "pong", "bye", "link"},
     ("member", "joined"): {"assign", "ping", "drop", "bye"},
 }
 AFTER = {"offer": "joined", "bye": "closed"}  # the messages that move the link on; the others leave it as it is

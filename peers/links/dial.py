@@ -27,6 +27,7 @@ SCHEME = "relay://"
 DIAL_TIMEOUT = 15.0  # the relay gives the endpoint 10 s to accept
 PING_S = 15.0  # keepalive on an endpoint's control link; the relay drops one silent for 60 s
 RETRY_MAX_S = 10.0
+CONNECT_S = 5.0  # a TCP connect that takes longer goes nowhere (a host gone, a packet filter that drops)
 
 
 class LinkError(OSError):
@@ -79,7 +80,7 @@ def host_return(host_addr: str, host_port: int) -> str:
 async def open_relay(relay: str) -> trio.abc.Stream:
     """A connection to a relay: `HOST:PORT`, or `FINGERPRINT@HOST:PORT` for a `--tls` relay (pinned)."""
     pin, _, hostport = relay.rpartition("@")
-    stream = await trio.open_tcp_stream(*parse_addr(hostport))
+    stream = await connect(hostport)
     try:
         return await TLSEndpoint.dial(stream, pin or None, plain=f"the relay {hostport} does not use TLS: drop "
                                       f"the fingerprint and '@' before its address")
@@ -88,10 +89,17 @@ async def open_relay(relay: str) -> trio.abc.Stream:
         raise
 
 
+async def connect(addr: str) -> trio.SocketStream:
+    """A TCP stream to HOST:PORT, or OSError within CONNECT_S."""
+    with trio.move_on_after(CONNECT_S):
+        return await trio.open_tcp_stream(*parse_addr(addr))
+    raise LinkError(f"cannot connect to {addr}: no answer within {CONNECT_S:.0f} s")
+
+
 async def dial(addr: str) -> trio.SocketStream:
     """A stream to `addr`, direct or through a relay; raises OSError (LinkError) when it cannot be made."""
     if not is_relay(addr):
-        return await trio.open_tcp_stream(*parse_addr(addr))
+        return await connect(addr)
     relay, name = parse_relay(addr)
     stream = await open_relay(relay)
     try:

@@ -44,6 +44,15 @@ class Pending:
     ch: Channel | None = None
 
 
+@dataclass
+class Spliced:
+    """A live spliced connection: to endpoint `name`; cut() cancels `scope`."""
+
+    name: str
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    hole: bool = False  # cut as a blackhole: both sockets stay open and nothing moves (no FIN, no RST)
+
+
 class Relay:
     def __init__(self, shaping: Shaping | None = None, tls: bool = False):
         self.shaping = shaping or Shaping()
@@ -52,6 +61,7 @@ class Relay:
         self.pending: dict[str, Pending] = {}
         self.address = ""
         self.splices = 0  # live spliced connections
+        self.spliced: dict[str, Spliced] = {}  # by id: what cut() finds
 
     async def serve(self, listen: str = "127.0.0.1:0", task_status=trio.TASK_STATUS_IGNORED) -> None:
         host, port = parse_addr(listen)
@@ -128,10 +138,15 @@ class Relay:
             log.info("%s -> %s connected [%s]", who, name, cid)
             t0, counts = time.monotonic(), [0, 0]
             self.splices += 1
+            link = self.spliced[cid] = Spliced(name)
             try:
-                await splice(ch.stream, p.ch.stream, self.shaping, counts)
+                with link.scope:
+                    await splice(ch.stream, p.ch.stream, self.shaping, counts)
+                if link.hole:  # a partition: the connection looks alive to both ends, and carries nothing
+                    await trio.sleep_forever()
             finally:
                 self.splices -= 1
+                del self.spliced[cid]
                 log.info("%s -> %s closed [%s] after %.1f s, %d bytes out, %d back", who, name, cid,
                          time.monotonic() - t0, counts[0], counts[1])
         finally:
@@ -145,6 +160,16 @@ class Relay:
         p.ch = ch
         p.accepted.set()
         await p.done.wait()  # the dialer's task splices; this stream must stay open until it is done
+
+
+    def cut(self, name: str, hole: bool = False) -> int:
+        """(tests, the soak) End every live connection to endpoint `name`: closed (both ends get a FIN), or as
+        a blackhole (`hole`: open, silent, as a cut cable or a sleeping machine looks). How many were cut."""
+        links = [link for link in self.spliced.values() if link.name == name and not link.scope.cancel_called]
+        for link in links:
+            link.hole = hole
+            link.scope.cancel()
+        return len(links)
 
 
 async def splice(a: trio.abc.Stream, b: trio.abc.Stream, shaping: Shaping, counts: list[int]) -> None:

@@ -10,6 +10,7 @@ segments are skipped (peers/compute/shard.py skip: laid out, not computed, no ro
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from contextlib import asynccontextmanager
@@ -20,7 +21,7 @@ import trio
 from peers.compute import device, kv
 from peers.wire import tensors, schema as validate, codec as wire
 from peers.links.auth import AuthError, server_handshake
-from peers.links.channel import Channel, ChannelClosed
+from peers.links.channel import Channel, ChannelClosed, ChannelIdle, idle_s
 from peers.compute.memory import injected_failure, is_oom, oom_line
 from peers.compute.runtime import RUNTIME, Pinned
 from peers.compute.shard import Shard
@@ -42,6 +43,7 @@ class DataPlane:
         # (sid, seq): segments the host cancelled, the last CANCELS_KEPT of them (a dict: looked up per segment)
         self.cancelled: dict[tuple[str, int], None] = {}
         self.unfinished = 0  # frames read and not yet computed
+        self.computing: tuple[int, float] | None = None  # (seq, since when) of the frame its layers run over now
         self.next: Channel | None = None
         # set while `next` is wired; an assign clears it from closing the old hop to dialling the new one
         self.wired = trio.Event()
@@ -60,9 +62,11 @@ class DataPlane:
         except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
             log.warning("TLS handshake on a data link failed: %s", e)
             return
-        ch = Channel(stream, "prev hop", read_timeout=3600)
+        ch = Channel(stream, "prev hop", read_timeout=idle_s())
+        epoch = None  # the plan the previous hop wired this link for (its hello says)
         try:
-            await server_handshake(ch, self.peer.token)
+            hello = await server_handshake(ch, self.peer.token)
+            epoch = hello.get("epoch") if isinstance(hello.get("epoch"), int) else None
             queued, frames = trio.open_memory_channel(READ_AHEAD)
             error = None
             async with trio.open_nursery() as nursery:
@@ -74,14 +78,19 @@ class DataPlane:
                 nursery.cancel_scope.cancel()
             if error is not None:
                 raise error
-        except (AuthError, ChannelClosed) as e:
+        except AuthError as e:
             log.info("data link closed: %s", e)
+        except ChannelClosed as e:
+            log.info("data link closed: %s", e)
+            await self.peer.link_down(epoch, "prev hop", str(e))  # (a re-wiring's old link: the host knows)
         except wire.WireError as e:
             log.warning("bad frame from the previous hop: %s", e)
             await ch.error(str(e))
+            await self.peer.link_down(epoch, "prev hop", str(e))
         except Exception as e:  # one bad link must never take the peer down
             log.exception("data link failed")
             await ch.error(f"internal error: {type(e).__name__}")
+            await self.peer.link_down(epoch, "prev hop", f"internal error: {type(e).__name__}")
         finally:
             await ch.aclose()
 
@@ -91,7 +100,10 @@ class DataPlane:
         async with queued:
             try:
                 while True:
-                    msg = await ch.recv(into=self._landing)
+                    try:
+                        msg = await ch.recv(into=self._landing)
+                    except ChannelIdle:  # an idle ring keeps its links (keepalive says if the other side is gone)
+                        continue
                     if msg["t"] == "cancel":
                         await self._cancel(msg)
                         continue
@@ -163,6 +175,7 @@ class DataPlane:
         if not kept:  # (its conversations ended, too: the pass that sent it still waits for the reply)
             return await self._fail(msg, "; ".join(failed.values()) or "its conversations ended", warn=bool(failed))
         try:
+            self.computing = (msg["seq"], time.monotonic())  # what its pongs say meanwhile: a long pass is progress
             (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(RUNTIME.call, shard.device, self._compute,
                                                                        shard, passes, skips, limiter=self.compute)
         except ValueError as e:
@@ -177,6 +190,8 @@ class DataPlane:
             who = f"member {self.peer.member_id} ({self.peer.name})"
             return await self._fail(msg, oom_line(who, self.peer.device, f"in a pass of {x.shape[1]} positions"),
                                     oom=True)
+        finally:
+            self.computing = None
         if many:
             msg["batch"], msg["failed"] = kept, failed
         msg["trace"].append([self.peer.name, round(ms, 3)])
@@ -224,6 +239,20 @@ class DataPlane:
         if self.next is None:
             raise ChannelClosed("no next hop yet")
         await self.next.send(msg)
+
+    async def watch_next(self, ch: Channel, epoch: int) -> None:
+        """The next hop sends nothing back but an error before it closes: its link's end, while it is still this
+        member's next hop, is told to the host at once (not found out by the next frame)."""
+        while True:
+            try:
+                msg = await ch.recv(timeout=math.inf)
+                why = f"the next hop said: {msg.get('error', msg['t'])}"
+            except (ChannelClosed, wire.WireError) as e:
+                why = str(e)
+            if self.next is ch:
+                log.warning("next hop lost: %s", why)
+                await self.peer.link_down(epoch, "next hop", why)
+            return
 
     @asynccontextmanager
     async def rewiring(self):

@@ -72,6 +72,7 @@ class Peer:
         self.member_id = 0  # the host's number for it (in each assignment)
         self.cannot_serve: CannotServe | None = None  # why it left: its span cannot be had here
         self.ctl: Channel | None = None  # the control link to the host, once joined
+        self.nursery = None  # run()'s: the watchers of its next hop live there
         self.on_change = on_change or (lambda st: None)
         self.bars = on_change is None  # download bars on the terminal, unless the peer screen shows progress
 
@@ -82,6 +83,7 @@ class Peer:
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            self.nursery = nursery
             got = await nursery.start(partial(links.serve, self.data.serve, self.listen, self.relay,
                                               links.member_endpoint(self.host_addr, self.name), default_host="0.0.0.0"))
             my_port, self.advertise = got.port, self.advertise or got.relay_address or None
@@ -109,6 +111,16 @@ class Peer:
         if self.cannot_serve is not None:
             raise self.cannot_serve
 
+    async def link_down(self, epoch: int | None, hop: str, error: str) -> None:
+        """Tell the host a data link of plan `epoch` broke here, so it re-wires now rather than at a pass timeout."""
+        if self.ctl is None or epoch is None:
+            return
+        try:
+            with trio.move_on_after(2):
+                await self.ctl.send({"t": "link", "epoch": epoch, "hop": hop, "error": error[:300]})
+        except ChannelClosed:
+            pass
+
     async def leave(self) -> None:
         """Tell the host this member leaves (its user stopped it): it re-plans without calling it a loss."""
         if self.ctl is not None:
@@ -119,8 +131,10 @@ class Peer:
                     pass
 
     async def _control(self, ctl: Channel, nursery) -> None:
-        async def ping(msg: dict) -> None:
+        async def ping(msg: dict) -> None:  # answered from trio while a pass computes in its thread
+            busy = self.data.computing
             await ctl.send({"t": "pong", "n": msg.get("n"), "sessions": len(self.data.sessions),
+                            **({"computing": busy[0], "computing_s": time.monotonic() - busy[1]} if busy else {}),
                             "frames": self.st.frames, "graphs": self.shard.graphs.captured if self.shard and
                             self.shard.graphs else 0, **self._memory()})
 
@@ -193,14 +207,17 @@ class Peer:
             raise CannotServe(f"cannot load layers {span} of {spec}: {type(e).__name__}: {e}") from None
         self.data.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
         async with self.data.rewiring():
-            if self.data.next is not None:
-                await self.data.next.aclose()
+            if (old := self.data.next) is not None:
+                self.data.next = None
+                await old.aclose()
             nxt = validate.need(msg, "next", str)
             if nxt == "@host":  # the last member returns to the host at the address it reached it by
                 nxt = links.host_return(self.host_addr, validate.need(msg, 'host_port', int, 1))
             stream = await TLSEndpoint.dial(await links.dial(nxt), msg.get("next_tls") or None)
-            self.data.next = Channel(stream, f"next {nxt}")
-            await client_handshake(self.data.next, self.token, "data")
+            nch = Channel(stream, f"next {nxt}")
+            await client_handshake(nch, self.token, "data", epoch=epoch)
+            self.data.next = nch
+            self.nursery.start_soon(self.data.watch_next, nch, epoch)
         self.epoch = epoch
         self._changed(state="ready", next_hop=nxt, sessions=0)
 

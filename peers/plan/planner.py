@@ -17,6 +17,7 @@ from peers.models import hub, source as models
 from peers.links import dial as links
 from peers.links.auth import AuthError, client_handshake
 from peers.links.channel import Channel, ChannelClosed
+from peers.wire.codec import WireError
 from peers.base.errors import FitError, ModelError, RingError
 from peers.plan.roster import Member, Roster
 from peers.plan.gate import PassGate
@@ -26,9 +27,11 @@ from peers.plan.layers import (QUANT_BYTES, ModelSize, Offer, covers, host_bytes
                                scale)
 from peers.compute.shard import Shard
 from peers.base.dtypes import DTYPES
+from peers.base.span import Span
 from peers.links.tls import Endpoint as TLSEndpoint
 
 log = logging.getLogger("sfchat.host")
+LINK_GRACE_S = 0.3  # a broken link is judged this long after it is told: a member's bye or loss comes first
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ class Planner:
         self.host_ms = math.nan  # the host's own measured ms per reference layer (peers/compute/speed.py)
         self.host_share = 0.0  # its part of the predicted time per token
         self.predicted_ms = math.nan  # the current plan's predicted ms per token (one conversation)
+        self.broken: dict[int, str] = {}  # plans a data link of broke, and how: their passes fail, a re-wire follows
+        self.nursery = None  # the host's: the watcher of the first hop lives there
+        self.on_broken = lambda epoch: None  # the host's recovery
 
     def host_offer(self) -> int:
         """What the host offers, the embedding, head and drafter included (the plan takes them off)."""
@@ -97,7 +103,41 @@ class Planner:
         for m in self.ring:
             if m.state != "ready" or m.epoch != self.epoch:
                 return self.why or f"member {m.id} ({m.name}) is {m.state}" + (f": {m.error}" if m.error else "")
-        return ""
+        return self.broken.get(self.epoch, "")
+
+    def link_down(self, epoch: int | None, why: str) -> None:
+        """A data link of plan `epoch` broke (a member said so, or the host's own first hop or return link ended):
+        if that is the current plan, its passes fail now (peers/host/return_link.py) and the ring is re-wired.
+        A link of an older plan ending is the re-plan that replaced it."""
+        if epoch != self.epoch or epoch in self.broken or not self.ring or self.roster.closing:
+            return
+        if self.nursery is not None:
+            self.nursery.start_soon(self._break, epoch, why)
+
+    async def _break(self, epoch: int, why: str) -> None:
+        """A moment first: a member that leaves (Ctrl+C) or dies closes its links as its control link says so, and
+        that is a departure or a loss, re-planned as one (peers/plan/roster.py), not a broken link."""
+        await trio.sleep(LINK_GRACE_S)
+        if epoch != self.epoch or epoch in self.broken or self.roster.closing:
+            return
+        if gone := [m for m in self.ring if m.left or m.state == "lost"]:
+            return log.info("a link of plan %d broke as member %d left or was lost", epoch, gone[0].id)
+        self.broken = {epoch: f"a link of plan {epoch} broke: {why}"}
+        if self.gate.replanning:  # the re-plan under way replaces it (and may have closed that link itself)
+            return log.info("%s", self.broken[epoch])
+        log.warning("%s; re-wiring", self.broken[epoch])
+        self.on_change()
+        self.on_broken(epoch)
+
+    async def _watch(self, ch: Channel, epoch: int) -> None:
+        """The first member sends nothing back on its link but an error before it closes: the link's end is news."""
+        try:
+            msg = await ch.recv(timeout=math.inf)
+            why = f"the first member said: {msg.get('error', msg['t'])}"
+        except (ChannelClosed, WireError) as e:
+            why = str(e)
+        if self.first_hop is ch:
+            self.link_down(epoch, f"the first hop: {why}")
 
     def healthy(self) -> bool:
         return not self.problem()
@@ -140,8 +180,8 @@ class Planner:
         live = self.roster.live()
         # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
         try:
-            spans = plan(t.size, self.offers(live), t.max_context, self.drafter_bytes, t.conversations,
-                         t.placement, t.serving)
+            spans = self._rewire(live) or plan(t.size, self.offers(live), t.max_context, self.drafter_bytes,
+                                               t.conversations, t.placement, t.serving)
         except FitError as e:
             if self.left_out:  # say why the ring is smaller than it was
                 raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}") from None
@@ -187,14 +227,14 @@ class Planner:
                 lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
                               device=t.device, graphs=t.graphs, context=t.max_context,
                               conversations=t.conversations))
-        if self.first_hop is not None:
-            await self.first_hop.aclose()
-            self.first_hop = None
+        if (old := self.first_hop) is not None:
+            self.first_hop = None  # (first: its watcher says nothing of a link closed here)
+            await old.aclose()
         if ring:
             try:
                 stream = await TLSEndpoint.dial(await links.dial(ring[0].data_addr), ring[0].tls_fingerprint)
                 self.first_hop = Channel(stream, "first hop")
-                await client_handshake(self.first_hop, self.token, "data")
+                await client_handshake(self.first_hop, self.token, "data", epoch=epoch)
             except (OSError, AuthError, ChannelClosed, trio.BrokenResourceError) as e:
                 # gone since it said ready (killed), or not where it says it listens: planned out, like a failure
                 self.first_hop = None
@@ -204,6 +244,8 @@ class Planner:
                 self._leave_out([m])
                 return False
         self.ring, self.epoch = ring, epoch
+        if self.first_hop is not None and self.nursery is not None:
+            self.nursery.start_soon(self._watch, self.first_hop, epoch)
         spares = [m for m in live if m.state == "spare"]
         log.info("ring epoch %d: host %s%s%s; %s placement%s", epoch, spans[0],
                  "".join(f" -> member {m.id} {m.span}" for m in ring),
@@ -222,6 +264,18 @@ class Planner:
         self.host_share = shares[0]
         for m, share in zip(live, shares[1:]):
             m.share = share
+
+    def _rewire(self, live: list[Member]) -> list | None:
+        """The current plan's spans again, when only a link of it broke and its members are the ones alive: a
+        re-wiring under a new epoch, nothing moved or reloaded (a new split would reload, and a host whose free
+        memory moved a little would split differently). None where a plan must be made."""
+        if self.epoch not in self.broken or self.shard is None:
+            return None
+        held = {m.id: m.span for m in self.ring}
+        if {m.id for m in live if m.span is not None and m.span.size} != set(held) or any(
+                m.span != held.get(m.id) and m.span.size for m in live):
+            return None
+        return [self.shard.span] + [m.span if m.id in held else Span(0, 0, self.target.size.n_layers) for m in live]
 
     async def _fetch_own(self, span) -> None:
         """The files of the host's span, embedding, norm and head (a hub model's: fetched if missing)."""

@@ -9,6 +9,7 @@ import itertools
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -54,6 +55,8 @@ class Member:
     download: dict | None = None  # while it fetches its layers' files: {"file", "done", "total"} in bytes
     rss_before: int = 0  # before it loaded its span: rss - rss_before is what the span costs
     last_seen: float = field(default_factory=time.monotonic)
+    rtts: deque = field(default_factory=lambda: deque(maxlen=100))  # its last pongs' round trips, in seconds
+    computing: int | None = None  # the seq of the frame it computes, as of its last pong (a long pass: progress)
     ready: trio.Event = field(default_factory=trio.Event)
     error: str = ""
     oom: bool = False  # it failed by running out of memory (error says how)
@@ -75,6 +78,14 @@ class Member:
                 "ms_per_layer": None if math.isnan(self.ms_per_layer) else round(self.ms_per_layer, 3),
                 "share": round(self.share, 3), "spare": self.state == "spare"}
 
+    def silent_limit(self, dead_after_s: float) -> float:
+        """How long it may be silent before it is lost: dead_after_s, never under 5x its p99 pong (a member on a
+        slow or loaded link is slow, not dead)."""
+        if len(self.rtts) < 5:
+            return dead_after_s
+        p99 = sorted(self.rtts)[min(len(self.rtts) - 1, int(0.99 * len(self.rtts)))]
+        return max(dead_after_s, 5 * p99)
+
     def reported(self, msg: dict) -> None:
         """Take the memory figures a pong or ready carries."""
         self.rss = int(msg.get("memory_bytes") or self.rss)
@@ -92,9 +103,10 @@ class Roster:
     when a member is lost."""
 
     def __init__(self, *, tls: bool, heartbeat_s: float, dead_after_s: float, on_change, on_join,
-                 on_lost=lambda m: None):
+                 on_lost=lambda m: None, on_link=lambda epoch, why: None):
         self.tls, self.heartbeat_s, self.dead_after_s = tls, heartbeat_s, dead_after_s
         self.on_change, self.on_join, self.on_lost = on_change, on_join, on_lost
+        self.on_link = on_link  # (epoch, why): a member says a data link of that plan broke
         self.members: list[Member] = []
         self.ids = itertools.count(1)
         self.joined = trio.Condition()
@@ -114,6 +126,7 @@ class Roster:
         """A joiner after its handshake: take its offer, then follow its control link until it ends."""
         link = ControlLink(ch, "host")
         offer = await link.recv(timeout=10)
+        ch.read_timeout = None  # from here the heartbeat says when a member is silent
         ip = peername(stream).rpartition(":")[0]
         port = validate.need(offer, "data_port", int, 1)
         addr = offer.get("advertise") or f"{ip}:{port}"
@@ -145,7 +158,7 @@ class Roster:
             await ch.send({"t": "ping", "n": time.perf_counter()})  # its round trip, for the plan that comes next
             await link.follow({t: partial(self._heard, m, handle)
                                for t, handle in (("pong", _pong), ("ready", _ready), ("progress", _progress),
-                                                 ("fail", _fail), ("bye", _bye))})
+                                                 ("fail", _fail), ("bye", _bye), ("link", self._link))})
         except ChannelClosed as e:  # the reason a pass waiting on this member reports
             m.error = m.error or str(e).removeprefix(f"{ch.name}: ") or "its connection closed"
             raise
@@ -170,6 +183,11 @@ class Roster:
         if m.leaving:  # it waits for the host to hang up, so its failure is read before its link closes
             await m.ctl.aclose()
 
+    def _link(self, m: Member, msg: dict) -> None:
+        if isinstance(msg.get("epoch"), int):
+            self.on_link(msg["epoch"], f"member {m.id} ({m.name}): its {str(msg.get('hop'))[:20]} link broke: "
+                                       f"{str(msg.get('error'))[:300]}")
+
     async def heartbeat(self) -> None:
         """Ping every member; one silent for dead_after_s (killed, stopped, cut off) is declared lost.
 
@@ -185,7 +203,7 @@ class Roster:
             for m in list(self.members):
                 if m.state == "lost":
                     continue
-                if now - m.last_seen > self.dead_after_s:
+                if now - m.last_seen > m.silent_limit(self.dead_after_s):
                     await self.lose(m, f"no heartbeat for {now - m.last_seen:.1f} s")
                     continue
                 try:
@@ -226,6 +244,8 @@ class Roster:
 def _pong(m: Member, msg: dict) -> None:
     if isinstance(msg.get("n"), float):  # our own perf_counter from the ping
         m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
+        m.rtts.append(m.rtt_ms / 1e3)
+        m.computing = msg.get("computing") if isinstance(msg.get("computing"), int) else None
         m.sessions = int(msg.get("sessions") or 0)
         m.frames = int(msg.get("frames") or 0)
         m.graphs = int(msg.get("graphs") or 0)

@@ -1,0 +1,73 @@
+"""A silent member (stopped, cut off: no FIN ever comes) is noticed in about 3 s with the default heartbeat, and a
+slow one is never taken for a dead one: the limit is never under 5x the member's p99 pong, and a member stopped
+for 2 s mid-answer is not planned out at all."""
+import os
+import signal
+import time
+
+import trio
+
+from helpers import new_chat, reference_ids, running_ring
+from peers.plan.roster import Member
+from peers.speculation.adaptive import KPolicy
+from peers.speculation.drafting import Drafter
+from peers.speculation.sampling import SamplingParams
+
+PROMPT = "the quick brown fox jumps over the lazy dog"
+N = 24
+
+
+def test_the_silence_allowed_is_never_under_five_times_the_p99_pong():
+    m = Member(1, "m", None, "a:1", "cpu", 0, "float32")
+    assert m.silent_limit(3.0) == 3.0  # (too few pongs to judge yet)
+    m.rtts.extend([0.001] * 200)
+    assert m.silent_limit(3.0) == 3.0
+    m.rtts.extend([0.9] * 5)  # a slow link: its p99 pong is 0.9 s
+    assert m.silent_limit(3.0) == 4.5
+
+
+def test_a_stopped_member_is_lost_within_a_few_heartbeats(tiny_llama):
+    async def main():
+        async with running_ring(tiny_llama, 2) as (host, lp):  # the default heartbeat
+            await trio.sleep(1.5)  # a few pongs
+            victim = host.ring[0]
+            lp.procs[[m.id for m in host.members].index(victim.id)].send_signal(signal.SIGSTOP)
+            try:
+                with trio.fail_after(10):
+                    while victim.state != "lost":
+                        await trio.sleep(0.02)
+                return time.monotonic() - victim.last_seen  # from its last pong
+            finally:
+                for p in lp.procs:
+                    os.kill(p.pid, signal.SIGCONT)
+
+    took = trio.run(main)
+    assert took < 3.9, f"a stopped member was lost {took:.1f} s after its last pong"
+
+
+def test_a_member_stopped_for_two_seconds_is_not_planned_out(tiny_llama):
+    async def main():
+        async with running_ring(tiny_llama, 2) as (host, lp):
+            host.auto_replan = True
+            epoch, events, rounds = host.epoch, [], 0
+
+            async def pause():
+                lp.procs[0].send_signal(signal.SIGSTOP)
+                await trio.sleep(2.0)
+                lp.procs[0].send_signal(signal.SIGCONT)
+
+            def on_round(ev):
+                nonlocal rounds
+                events.append(ev)
+                rounds += ev["event"] == "round"
+                if ev["event"] == "round" and rounds == 3:
+                    nursery.start_soon(pause)
+
+            async with trio.open_nursery() as nursery:
+                _, r = await new_chat(host).reply(PROMPT, drafter=Drafter(), params=SamplingParams(),
+                                                  policy=KPolicy(), max_new_tokens=N, on_round=on_round)
+            assert not [e for e in events if e["event"] == "recovering"], events
+            assert host.epoch == epoch and all(m.state == "ready" for m in host.ring)
+            return r.token_ids
+
+    assert trio.run(main) == reference_ids(tiny_llama, PROMPT, N)
