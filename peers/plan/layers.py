@@ -72,6 +72,7 @@ class Offer:
     free: int  # bytes it offers
     dtype: str = "float32"
     quant: str = "none"
+    cuda: bool = True  # on a GPU of NVIDIA's (quantization is bitsandbytes': CUDA only)
 
 
 def weight_bytes(m: ModelSize, dtype: str, quant: str) -> int:
@@ -133,7 +134,7 @@ def plan(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0, rows
     fixed = host_bytes(m, host.dtype, drafter) + pass_bytes(m, host.dtype, context)
     if host.free < fixed:
         raise FitError(f"the host needs {size(fixed)} for the embedding, head, drafter and a pass in {host.dtype}; "
-                       f"it offers {size(host.free)}")
+                       f"it offers {size(host.free)}", host_short=True)
     caps = capacities(m, offers, context, drafter, rows)
     if sum(caps) < m.n_layers:
         raise FitError(_too_small(m, offers, context, drafter, sum(caps), rows))
@@ -148,10 +149,11 @@ def _too_small(m: ModelSize, offers: list[Offer], context: int, drafter: int, ro
     helps = ["add a member"]
 
     def needs(**change) -> str:
-        other = [Offer(o.name, o.free, change.get("dtype", o.dtype), change.get("quant", o.quant)) for o in offers]
+        other = [Offer(o.name, o.free, change.get("dtype", o.dtype), change.get("quant", o.quant), o.cuda)
+                 for o in offers]
         return size(ring_bytes(m, other, change.get("context", context), drafter, change.get("rows", rows)))
 
-    if h.quant != "nf4":
+    if h.quant != "nf4" and h.cuda:
         helps.append(f"--quant nf4 (needs {needs(quant='nf4')})")
     if h.dtype == "float32":
         helps.append(f"--dtype bfloat16 (needs {needs(dtype='bfloat16')})")

@@ -73,7 +73,7 @@ class Planner:
 
     def offers(self, live: list[Member]) -> list[Offer]:
         t = self.target
-        return [Offer("host", self.host_offer(), t.dtype, t.quant)] + [
+        return [Offer("host", self.host_offer(), t.dtype, t.quant, str(t.device).startswith("cuda"))] + [
             Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
                   m.quant if m.quant in QUANT_BYTES else "none") for m in live]
 
@@ -135,7 +135,8 @@ class Planner:
             spans = plan(t.size, self.offers(live), t.max_context, self.drafter_bytes, t.conversations)
         except FitError as e:
             if self.left_out:  # say why the ring is smaller than it was
-                raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}") from None
+                raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}",
+                               host_short=e.host_short) from None
             raise
         await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
         self.planned = epoch = max(self.planned, self.epoch) + 1  # a new number each try: no late "ready" counts
