@@ -79,7 +79,8 @@ class ForkedPeer:
 
 
 class ForkedLocalPeers(LocalPeers):
-    def start(self, cmd: list[str], log: Path, env: dict[str, str]) -> ForkedPeer:
+    def start(self, cmd: list[str], log: Path, env: dict[str, str], mode: str = "w") -> ForkedPeer:
+        """(mode: a restarted peer's log is written afresh here, not appended to)"""
         zyg = zygote()
         argv = cmd[cmd.index("sfchat") + 1:]  # what follows `python -P -m sfchat`
         pid = zyg.ask({"start": argv, "env": env | {PARENT_PID: str(zyg.proc.pid)}, "cwd": os.getcwd(),
