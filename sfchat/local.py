@@ -13,6 +13,7 @@ from peers import cache_dir
 from .pinning import CORES_ENV
 
 PR_SET_PDEATHSIG = 1
+MAX_RESTARTS = 5  # a peer that keeps dying (it cannot load the model, say) is not started over and over
 PARENT_PID = "SFCHAT_DIE_WITH_PARENT"
 # -P: the installed sfchat, never a folder named sfchat (or peers, torch …) in the current directory
 SFCHAT = [sys.executable, "-P", "-m", "sfchat"]
@@ -67,6 +68,8 @@ class LocalPeers:
         logs = cache_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.log_paths: list[Path] = []
+        self.specs: list[tuple[list[str], dict[str, str]]] = []  # how each was started: how it starts again
+        self.restarts = [0] * n
         env = child_env() | {"SFCHAT_TOKEN": token}  # not in argv: any user of the machine reads that in `ps`
         for i in range(n):
             cmd = [*SFCHAT, "join", host_addr, "--headless",
@@ -80,11 +83,12 @@ class LocalPeers:
             path = logs / f"local-peer-{os.getpid()}-{i + 1}.log"
             self.log_paths.append(path)
             pin = {CORES_ENV: ",".join(map(str, cores[i]))} if i < len(cores) else {}
+            self.specs.append((cmd, env | pin))
             self.procs.append(self.start(cmd, path, env | pin))
 
-    def start(self, cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    def start(self, cmd: list[str], log: Path, env: dict[str, str], mode: str = "w") -> subprocess.Popen:
         """Peer process `cmd`, its output into `log`."""
-        with open(log, "w") as out:
+        with open(log, mode) as out:
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
     def check(self) -> None:
@@ -92,6 +96,24 @@ class LocalPeers:
             if p.poll() is not None:
                 tail = self.log_paths[i].read_text().strip().splitlines()[-1:] or ["(no output)"]
                 raise RuntimeError(f"a local peer (pid {p.pid}) exited with {p.returncode}: {tail[0]}")
+
+    def revive(self) -> list[str]:
+        """Reap each peer that exited (a dead child stays <defunct> until its parent waits for it) and start it
+        again, with the same name, so it rejoins and the ring is planned over it again; a line for each, to log."""
+        lines = []
+        for i, p in enumerate(self.procs):
+            if p.poll() is None or self.restarts[i] > MAX_RESTARTS:
+                continue
+            self.restarts[i] += 1
+            if self.restarts[i] > MAX_RESTARTS:
+                lines.append(f"local peer {local_name(i)} exited with {p.returncode} again; not restarting it "
+                             f"(see {self.log_paths[i]})")
+                continue
+            cmd, env = self.specs[i]
+            self.procs[i] = self.start(cmd, self.log_paths[i], env, "a")
+            lines.append(f"local peer {local_name(i)} (pid {p.pid}) exited with {p.returncode}; restarted it "
+                         f"as pid {self.procs[i].pid}")
+        return lines
 
     def tails(self, lines: int = 20) -> str:
         """The last lines each peer wrote, for a failure's report."""

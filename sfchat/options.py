@@ -53,7 +53,7 @@ class ServeOptions:
     listen: str
     api_key: str | None = None
     insecure_no_key: bool = False
-    max_conversations: int | None = None  # None: what the ring's free memory holds
+    max_conversations: int | None = None  # None: the ring's (4, peers/base/limits.py CONVERSATIONS)
     keep_alive_s: float = 10.0
 
 

@@ -16,6 +16,7 @@ from sfchat.local import LocalPeers
 from sfchat.options import RingOptions
 
 JOIN_TIMEOUT_S = 300  # local peers and --wait-peers joiners must be in by then
+REVIVE_S = 1.0  # how often the host looks for local peers that died
 
 
 def say(*a) -> None:
@@ -43,6 +44,7 @@ async def open_ring(opts: RingOptions, *, announce: bool = True, host: Host | No
     tokenizer = load_tokenizer(host.model_dir)
     n_local, wait_peers = opts.local_peers, opts.wait_peers
     host.plan_at_start = not (n_local or wait_peers)  # members are coming: plan (and fetch) once they are here
+    reviving = trio.CancelScope()
     async with trio.open_nursery() as nursery:
         await nursery.start(host.serve)
         local = LocalPeers(n_local, host.relay_address or host.address, host.token, model=host.source.spec,
@@ -65,15 +67,31 @@ async def open_ring(opts: RingOptions, *, announce: bool = True, host: Host | No
                 except FitError as e:
                     if not stay:
                         raise
-                    host.say(f"{e}; prompts are refused until a machine that can hold the rest joins")
+                    if e.host_short:  # the host's own part: no joiner takes it over
+                        host.say(f"{e}; a joiner cannot help (the host itself holds these, and its draft model's "
+                                 f"weights once loaded): prompts are refused; start the host with more (--offer-gb)")
+                    else:
+                        host.say(f"{e}; prompts are refused until a machine that can hold the rest joins")
             host.auto_replan = True  # from now on a member that (re)joins is planned in
+            if local is not None:
+                nursery.start_soon(keep_alive, local, host, reviving)
             yield Ring(host, tokenizer, eos_ids(host.model_dir, host.config, tokenizer), local)
         finally:
+            reviving.cancel()  # before the ring closes: peers that leave then are not started again
             with trio.CancelScope(shield=True):
                 await host.close()
             if local is not None:
                 local.close()
             nursery.cancel_scope.cancel()
+
+
+async def keep_alive(local: LocalPeers, host: Host, scope: trio.CancelScope) -> None:
+    """The local peers this host started: one that died is reaped and started again, with a line in the log."""
+    with scope:
+        while True:
+            await trio.sleep(REVIVE_S)
+            for line in local.revive():
+                host.say(line)
 
 
 def invite_for(opts: RingOptions, host: Host) -> invite.Invite:

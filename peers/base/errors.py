@@ -15,7 +15,12 @@ class MemberLeft(RingError):
 
 
 class FitError(RingError):
-    """The ring cannot hold the model; the message is one line with the numbers and what would help."""
+    """The ring cannot hold the model; the message is one line with the numbers and what would help. host_short:
+    the host cannot hold even its own part (embedding, head, drafter, a pass), which no joiner changes."""
+
+    def __init__(self, message: str, *, host_short: bool = False):
+        super().__init__(message)
+        self.host_short = host_short
 
 
 class CannotServe(RingError):

@@ -77,6 +77,7 @@ class Offer:
     quant: str = "none"
     ms_per_layer: float = math.nan  # measured on a reference layer (peers/compute/speed.py); nan: not measured
     link_ms: float = 0.0  # the round trip between the host and it
+    cuda: bool = True  # on a GPU of NVIDIA's (quantization is bitsandbytes': CUDA only)
 
 
 def weight_bytes(m: ModelSize, dtype: str, quant: str) -> int:
@@ -141,7 +142,7 @@ def plan(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0, rows
     fixed = host_bytes(m, host.dtype, drafter) + pass_bytes(m, host.dtype, context)
     if host.free < fixed:
         raise FitError(f"the host needs {size(fixed)} for the embedding, head, drafter and a pass in {host.dtype}; "
-                       f"it offers {size(host.free)}")
+                       f"it offers {size(host.free)}", host_short=True)
     caps = capacities(m, offers, context, drafter, rows)
     if sum(caps) < m.n_layers:
         raise FitError(_too_small(m, offers, context, drafter, sum(caps), rows))
@@ -184,7 +185,7 @@ def _too_small(m: ModelSize, offers: list[Offer], context: int, drafter: int, ro
         other = [replace(o, dtype=change.get("dtype", o.dtype), quant=change.get("quant", o.quant)) for o in offers]
         return size(ring_bytes(m, other, change.get("context", context), drafter, change.get("rows", rows)))
 
-    if h.quant != "nf4":
+    if h.quant != "nf4" and h.cuda:
         helps.append(f"--quant nf4 (needs {needs(quant='nf4')})")
     if h.dtype == "float32":
         helps.append(f"--dtype bfloat16 (needs {needs(dtype='bfloat16')})")

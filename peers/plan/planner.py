@@ -86,7 +86,8 @@ class Planner:
 
     def offers(self, live: list[Member]) -> list[Offer]:
         t = self.target
-        return [Offer("host", self.host_offer(), t.dtype, t.quant, self.host_ms)] + [
+        return [Offer("host", self.host_offer(), t.dtype, t.quant, self.host_ms,
+                      cuda=str(t.device).startswith("cuda"))] + [
             Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
                   m.quant if m.quant in QUANT_BYTES else "none", m.ms_per_layer,
                   0.0 if math.isnan(m.rtt_ms) else m.rtt_ms) for m in live]
@@ -184,7 +185,8 @@ class Planner:
                                                t.conversations, t.placement, t.serving)
         except FitError as e:
             if self.left_out:  # say why the ring is smaller than it was
-                raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}") from None
+                raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}",
+                               host_short=e.host_short) from None
             raise
         await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
         self.planned = epoch = max(self.planned, self.epoch) + 1  # a new number each try: no late "ready" counts

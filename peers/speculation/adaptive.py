@@ -56,8 +56,11 @@ busiest stage (position_ms each, in the answer's way only when that stage is bus
 trip_ms >= position_ms, with no more nodes than the last plain round had, so that hedges never make a stage slower
 than plain rounds do. Both times are measured on rounds that had the ring to themselves (a round queued behind
 others says nothing of its own costs). Whether that pays is measured too, as the tokens an answer commits per ms of
-wall time with rounds in flight and one at a time: where flying is slower, rounds go one at a time but for one
-stretch in four, which measures it again.
+wall time with rounds in flight and one at a time, and one at a time is where an answer starts and stays: rounds
+go in flight only for a trial (TRIAL_ROUNDS rounds), and after it stay there only if it measured them at least
+FLY_GAIN faster. A trial that loses doubles the gap to the next one, so what trials cost shrinks as they keep
+losing; flight that turns slower than one at a time goes back to it (and its trials start over). So auto never
+settles on a pace its own measurements say is slower than one round at a time.
 """
 from __future__ import annotations
 
@@ -71,8 +74,8 @@ MAX_IN_FLIGHT = 4  # an answer's rounds on the ring at once, at most
 # measured slower than one (docs/benchmarks.md); --in-flight N sends more
 AUTO_IN_FLIGHT = 2
 FLY_LINK_MS = 20.0  # links shorter than this (a LAN, one machine) save too little to pay for a hedge's drafting
-EXPLORE_FLYING = 16  # where rounds in flight measured slower, one stretch of this many rounds in four tries them
-PACE_MS = 1000.0  # wall time each way (weighted) before the two paces are compared
+TRIAL_ROUNDS = 16  # rounds a trial of rounds in flight lasts (and the rounds one at a time before the first)
+FLY_GAIN = 1.03  # rounds go in flight after a trial only where it made tokens at least this much faster
 MIN_K_VARIANCE = 0.25  # below this spread of recent K, a fitted slope would be noise
 
 
@@ -113,6 +116,11 @@ class KPolicy:
     link_ms: float = 0.0  # the part of it on the links
     # (tokens, wall ms) answers made one round at a time (False) and with rounds in flight (True), weighted down
     paces: dict = field(default_factory=lambda: {False: (0.0, 0.0), True: (0.0, 0.0)})
+    paced: int = 0  # rounds paced, either way: the trials' clock
+    trial_until: int = 0  # a trial of rounds in flight runs until `paced` reaches this (0: none running)
+    next_trial: int = TRIAL_ROUNDS  # the next trial starts once `paced` reaches this ...
+    trial_gap: int = TRIAL_ROUNDS  # ... and each one that loses doubles the gap to the next
+    flying: bool = False  # a trial measured rounds in flight faster: they stay (while they are not slower)
     busiest_ms: float = 0.0  # the busiest stage's compute in such a round, smoothed
 
     @property
@@ -176,18 +184,38 @@ class KPolicy:
         if self.busiest_ms <= 0 or self.link_ms < FLY_LINK_MS:
             return 1
         n = max(1, min(AUTO_IN_FLIGHT, 1 + round(self.link_ms / self.busiest_ms)))
-        if n > 1 and self._flying_is_slower() and (self.rounds // EXPLORE_FLYING) % 4 != 3:
-            return 1  # measured slower in flight: one at a time, but for one stretch of rounds in four
-        return n
+        if n == 1 or self.flying or self.trial_until:
+            return n
+        if self.paced >= self.next_trial:  # time for a trial: rounds in flight, measured
+            self.trial_until = self.paced + TRIAL_ROUNDS
+            self.paces[True] = (0.0, 0.0)  # each trial measures afresh
+            return n
+        return 1
 
     def pace(self, flying: bool, tokens: int, ms: float) -> None:
-        """Tokens an answer committed in `ms` of its wall time, with rounds in flight or one at a time."""
+        """Tokens an answer committed in `ms` of its wall time, with rounds in flight or one at a time; ends a
+        trial (rounds in flight stay if it won, else the next waits twice as long) and ends flight that turned
+        slower than one at a time."""
         made, spent = self.paces[flying]
         self.paces[flying] = (self.keep * made + tokens, self.keep * spent + ms)
+        self.paced += 1
+        if self.trial_until and self.paced >= self.trial_until:
+            self.trial_until = 0
+            self.flying = self.flight_gain() >= FLY_GAIN
+            if not self.flying:
+                self.trial_gap *= 2
+                self.next_trial = self.paced + self.trial_gap
+        elif self.flying and self.flight_gain() < 1.0:
+            self.flying = False
+            self.trial_gap = TRIAL_ROUNDS
+            self.next_trial = self.paced + self.trial_gap
 
-    def _flying_is_slower(self) -> bool:
+    def flight_gain(self) -> float:
+        """Tokens per ms with rounds in flight over one at a time, as measured (0: either not yet)."""
         (one_made, one_ms), (fly_made, fly_ms) = self.paces[False], self.paces[True]
-        return min(one_ms, fly_ms) >= PACE_MS and fly_made / fly_ms < one_made / one_ms
+        if min(one_ms, fly_ms, one_made) <= 0:
+            return 0.0
+        return (fly_made / fly_ms) / (one_made / one_ms)
 
     def pass_ms(self, positions: int) -> float:
         """What a pass carrying `positions` costs: as measured where passes of that size were seen (on a CPU the

@@ -121,10 +121,12 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
             # policy what a pass costs
             if plain and policy.rounds >= WARM_ROUNDS and host.committed(rs) and _can_fly(host, drafter, policy):
                 flight = Flight(host, rs, drafter, params, policy, eos, tokens)
-                at_eos = await flight.run(max_new_tokens - (len(tokens) - start),
-                                          lambda r, new: report(r, new, flight.logprobs), should_stop)
-                finish = "eos" if at_eos else "stopped" if should_stop is not None and should_stop() else "length"
-                break
+                if await flight.run(max_new_tokens - (len(tokens) - start),
+                                    lambda r, new: report(r, new, flight.logprobs), should_stop):
+                    finish = "eos"
+                    break
+                speculation.look_ahead.lose()  # (made before the flight)
+                continue  # made them all, was stopped, or left flight (the policy keeps one at a time again)
             r, new, at_eos = await speculation.round(tokens, max_new_tokens - (len(tokens) - start))
             plain = True
         except RingError as failure:

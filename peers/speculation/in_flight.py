@@ -317,7 +317,8 @@ class Flight:
             f.landed.set()
 
     async def run(self, left: int, report, should_stop=None) -> bool:
-        """Rounds until `left` tokens are made, an end of sequence (returns True) or should_stop(); report(round
+        """Rounds until `left` tokens are made, an end of sequence (returns True), should_stop() or the policy
+        keeps one round at a time again (peers/speculation/adaptive.py); report(round
         statistics, new tokens) after each verdict. Every round sent has left the host when this returns, so the
         next pass of the conversation reaches every stage after them. A failed round raises RingError."""
         failure, at_eos = None, False
@@ -341,6 +342,8 @@ class Flight:
     async def _rounds(self, nursery, left: int, report, should_stop) -> bool:
         made = 0
         while made < left and not (should_stop is not None and should_stop()):
+            if made and not self.flying and self.policy.rounds_in_flight() <= 1:
+                break  # the policy went back to one round at a time: the answer goes on in plain rounds
             while (f := await self.next_round(left - made)) is not None:
                 nursery.start_soon(self.fly, f)
                 await f.round.sent.wait()

@@ -13,11 +13,14 @@ from .auth import check_key
 from .completion import CompletionResponse
 from .conversations import Conversations
 from .errors import ApiError
+from .legacy import TextStream, parse_legacy
 from .request import parse
 
 log = logging.getLogger("sfchat.serve")
 MAX_BODY = 4 * 2**20  # a chat that fills any context we serve is far smaller
 MAX_DRAIN = 64 * 2**20
+SERVED = ("POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model}",
+          "GET /health")  # what an unknown route's 404 lists
 
 
 def model_id(host) -> str:
@@ -52,17 +55,35 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
     async def chat_completions(request: Request):
         check_key(request.headers.get("authorization"), api_key)
         req = parse(await read_body(request))
-        if req.model not in names:
-            raise ApiError(404, f"the model '{req.model}' does not exist; this ring serves '{name}'",
-                           param="model", code="model_not_found")
+        check_model(req.model)
         job = conversations.prepare(req)
         await conversations.ring_ready()
         return CompletionResponse(conversations, job, name, keepalive_s)
 
+    async def completions(request: Request):
+        """The legacy endpoint: a raw prompt, no chat template (sfchat/serve/legacy.py)."""
+        check_key(request.headers.get("authorization"), api_key)
+        req, text = parse_legacy(await read_body(request))
+        check_model(req.model)
+        job = conversations.prepare(req, text)
+        await conversations.ring_ready()
+        return CompletionResponse(conversations, job, name, keepalive_s, shape=TextStream, prefix="cmpl-")
+
+    def check_model(asked: str) -> None:
+        if asked not in names:
+            raise ApiError(404, f"the model '{asked}' does not exist; this ring serves '{name}'",
+                           param="model", code="model_not_found")
+
+    card = {"id": name, "object": "model", "created": 0, "owned_by": "sfchat"}
+
     async def models(request: Request):
         check_key(request.headers.get("authorization"), api_key)
-        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                                          "owned_by": "sfchat"}]})
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def one_model(request: Request):
+        check_key(request.headers.get("authorization"), api_key)
+        check_model(request.path_params["model"])
+        return JSONResponse(card)
 
     async def health(request: Request):
         """Open, as health checks are; the members (their addresses and memory) only with the key."""
@@ -83,6 +104,9 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
     async def http_error(request: Request, e: HTTPException):
         if e.status_code == 405:
             return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}"))
+        if e.status_code == 404:  # an endpoint we do not serve (/v1/embeddings, say): name those we do
+            return error_response(ApiError(404, f"{request.url.path} is not served here; this server serves "
+                                                f"{', '.join(SERVED)}", code="unknown_route"))
         return error_response(ApiError(e.status_code, e.detail or "error"))
 
     async def gone(request: Request, e: ClientDisconnect):
@@ -95,7 +119,9 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
         return error_response(ApiError(500, f"internal error: {type(e).__name__}"))
 
     return Starlette(routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                             Route("/v1/completions", completions, methods=["POST"]),
                              Route("/v1/models", models, methods=["GET"]),
+                             Route("/v1/models/{model:path}", one_model, methods=["GET"]),
                              Route("/health", health, methods=["GET"])],
                      exception_handlers={ApiError: api_error, HTTPException: http_error, ClientDisconnect: gone,
                                          Exception: server_error})

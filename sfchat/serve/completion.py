@@ -13,13 +13,15 @@ import trio
 from .access import TOKENS
 from .conversations import Conversations, Job
 from .errors import ApiError
-from .sse import DONE, HEADERS, KEEP_ALIVE, Stream, completion, event
+from .sse import DONE, HEADERS, KEEP_ALIVE, Stream, event
 
 
 class CompletionResponse:
-    def __init__(self, conversations: Conversations, job: Job, model: str, keepalive_s: float):
+    def __init__(self, conversations: Conversations, job: Job, model: str, keepalive_s: float,
+                 shape: type[Stream] = Stream, prefix: str = "chatcmpl-"):
+        """shape: the chunks' and the whole answer's form (sfchat/serve/legacy.py's for /v1/completions)."""
         self.conv, self.job, self.keepalive_s = conversations, job, keepalive_s
-        self.stream = Stream("chatcmpl-" + uuid.uuid4().hex, int(time.time()), model, job.request.include_usage)
+        self.stream = shape(prefix + uuid.uuid4().hex, int(time.time()), model, job.request.include_usage)
 
     async def __call__(self, scope, receive, send) -> None:
         self.scope = scope  # the access log's line takes the answer's tokens from it
@@ -56,7 +58,8 @@ class CompletionResponse:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]
                     + [(k.lower().encode(), v.encode()) for k, v in HEADERS.items()]})
-        await send({"type": "http.response.body", "body": s.role(), "more_body": True})
+        if first := s.role():
+            await send({"type": "http.response.body", "body": first, "more_body": True})
         while True:
             with trio.move_on_after(self.keepalive_s) as waited:
                 kind, value = await self.items.receive()
@@ -86,8 +89,8 @@ class CompletionResponse:
                     lps = (lps or []) + value[1]
                 continue
             if kind == "done":
-                status, body = 200, completion(self.stream, "".join(parts), value.finish,
-                                               self.usage(value.completion_tokens), value.stats, lps)
+                status, body = 200, self.stream.whole("".join(parts), value.finish,
+                                                      self.usage(value.completion_tokens), value.stats, lps)
             else:
                 status, body = value.status, value.body()
             await send({"type": "http.response.start", "status": status,

@@ -24,8 +24,6 @@ from .request import ChatRequest
 from .stops import StopFilter
 
 log = logging.getLogger("sfchat.serve")
-DEFAULT_LIMIT = 4  # when the ring's free memory says nothing better
-MAX_DEFAULT_LIMIT = 16
 
 
 @dataclass
@@ -43,19 +41,13 @@ class Outcome:
     stats: dict = field(default_factory=dict)
 
 
-def default_limit(host) -> int:
-    """As many full-context conversations as the tightest stage's free memory holds, within [1, 16]."""
-    room = host.conversation_room()
-    return DEFAULT_LIMIT if room is None else min(max(room, 1), MAX_DEFAULT_LIMIT)
-
-
 class Conversations:
     def __init__(self, host, tokenizer, eos: set[int], drafter: Drafter, *, limit: int | None = None,
                  replan_wait_s: float = 30.0, on_change=None, answer: AnswerOptions = AnswerOptions()):
         self.host, self.tokenizer, self.eos, self.drafter = host, tokenizer, eos, drafter
         self.answer = answer  # the server's sampling, for what a request leaves out
         self.policy = KPolicy()  # pass costs are the ring's, whichever conversation measured them
-        self.limit = limit or default_limit(host)
+        self.limit = limit or host.conversations  # the rows every member's KV arena was planned with (4 by default)
         self.admission = trio.CapacityLimiter(self.limit)  # wakes waiters in FIFO order
         self.waiting = 0
         self.open: dict[str, int] = {}  # conversation id -> tokens generated so far
@@ -64,16 +56,19 @@ class Conversations:
         self.on_change = on_change or (lambda: None)
         self.context = min(context_limit(host.config), host.max_context)  # what the ring's caches were planned for
 
-    def prepare(self, req: ChatRequest) -> Job:
-        """Render and check the request before any answer starts (400 context_length_exceeded: no room left)."""
+    def prepare(self, req: ChatRequest, text: str | None = None) -> Job:
+        """Render and check the request before any answer starts (400 context_length_exceeded: no room left).
+        text: a legacy completion's prompt, tokenized as it is (no chat template)."""
         try:
-            prompt = render(self.tokenizer, req.messages)
+            prompt = render(self.tokenizer, req.messages) if text is None else self.tokenizer(text)["input_ids"]
         except Exception as e:  # a template that rejects the message order, for one
             raise ApiError(400, f"the model's chat template rejects these messages: {e}", param="messages") from None
+        if not prompt:
+            raise ApiError(400, "the prompt is empty", param="prompt")
         room = self.context - len(prompt)
         if room < 1:
             raise ApiError(400, f"the prompt is {len(prompt)} tokens; the model's context holds {self.context}",
-                           param="messages", code="context_length_exceeded")
+                           param="messages" if text is None else "prompt", code="context_length_exceeded")
         if req.max_tokens is not None and req.max_tokens > room:  # as OpenAI's API: refused, not silently cut
             raise ApiError(400, f"'{req.max_tokens_param}' is {req.max_tokens}, but the context holds {self.context} "
                            f"tokens and the prompt takes {len(prompt)}: {room} are left for the answer",

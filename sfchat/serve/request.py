@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import ApiError
+from .unsupported import refuse_unsupported
 
 ROLES = {"system", "user", "assistant", "developer"}  # developer: OpenAI's newer name for system
 MAX_STOPS = 4
@@ -108,10 +109,14 @@ def parse(raw: bytes) -> ChatRequest:
         raise bad("the body is not valid JSON") from None
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object")
+    return parse_fields(body, _messages(body))
+
+
+def parse_fields(body: dict, messages: list[dict]) -> ChatRequest:
+    """All but the messages (the legacy completions' prompt is no list of messages)."""
     if not isinstance(body.get("model"), str):
         raise bad("'model' must be a string", "model")
-    if (n := body.get("n")) is not None and n != 1:
-        raise bad("only n=1 is supported", "n")
+    refuse_unsupported(body)
     stream = body.get("stream") or False
     options = body.get("stream_options") or {}
     if not isinstance(stream, bool) or not isinstance(options, dict):
@@ -122,7 +127,7 @@ def parse(raw: bytes) -> ChatRequest:
     max_tokens = _int(body, param, 1)
     seed = _int(body, "seed", -(2**63))
     top_logprobs = _logprobs(body)
-    return ChatRequest(model=body["model"], messages=_messages(body), stream=stream,
+    return ChatRequest(model=body["model"], messages=messages, stream=stream,
                        include_usage=bool(options.get("include_usage")), max_tokens=max_tokens, max_tokens_param=param,
                        temperature=_number(body, "temperature", 0, 2, None), top_p=_number(body, "top_p", 0, 1, None),
                        seed=None if seed is None else seed % 2**31, stop=_stop(body), top_logprobs=top_logprobs)

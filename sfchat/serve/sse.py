@@ -45,6 +45,9 @@ class Stream:
     def finish(self, reason: str, stats: dict) -> bytes:
         return self.chunk({}, reason, sfchat=stats)
 
+    def whole(self, text: str, reason: str, usage: dict, stats: dict, logprobs: list | None = None) -> dict:
+        return completion(self, text, reason, usage, stats, logprobs)
+
     def usage(self, usage: dict) -> bytes:
         return event({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                       "system_fingerprint": None, "choices": [], "usage": usage})

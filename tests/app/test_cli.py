@@ -1,6 +1,7 @@
 """The command line as a user meets it: help, one-line refusals, exit codes, what lands on stdout and stderr."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -361,3 +362,26 @@ def test_set_up_leaves_a_runnable_sfchat(tmp_path, local_bin_on_path):
     assert "bash scripts/launcher" in (ROOT / "scripts" / "setup").read_text()
     for script in ("chat", "test"):
         assert "bash scripts/setup" in (ROOT / "scripts" / script).read_text()
+
+
+def test_chat_script_says_the_path_hint_once_and_setup_its_progress(tmp_path):
+    """scripts/chat runs the set-up (which says what it is doing: the first one takes minutes), the chat, and then
+    the PATH hint, once (issue 48: twice). A checkout whose venv is set up already, with a stand-in `sfchat`."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    for name in ("chat", "setup", "launcher"):
+        shutil.copy(ROOT / "scripts" / name, checkout / "scripts" / name)
+    (checkout / "scripts" / "torch").write_text("exit 0\n")  # torch is there
+    (checkout / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    venv = checkout / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    (venv / "sfchat").write_text("#!/bin/sh\necho chat ran\n")
+    (venv / "sfchat").chmod(0o755)
+    digest = hashlib.sha256((checkout / "pyproject.toml").read_bytes()).hexdigest()
+    (checkout / ".venv" / "sfchat-installed").write_text(f"{digest} \n")  # sfchat installed: no pip
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(["bash", str(checkout / "scripts" / "chat")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "chat ran", r.stderr
+    assert r.stderr.count("export PATH=") == 1, r.stderr
+    assert r.stderr.index("setup: torch") < r.stderr.index("setup: done") < r.stderr.index("export PATH="), r.stderr

@@ -78,6 +78,8 @@ def test_a_request_during_a_long_replan_is_a_503_and_the_next_one_waits_it_out(t
         async with running_ring(tiny_llama, 1, dead_after_s=60.0) as (host, lp):  # stopped is not lost, here
             tok = load_tokenizer(host.model_dir)
             conv = Conversations(host, tok, eos_ids(host.model_dir, host.config, tok), Drafter(), replan_wait_s=0.3)
+            # without --max-conversations: the rows every member's arena was planned with, as help and README say
+            assert conv.limit == host.conversations == 4 and conv.status()["max"] == 4
             peer = lp.procs[0]
             peer.send_signal(signal.SIGSTOP)  # it will not say it took its span until it goes on
             try:

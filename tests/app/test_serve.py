@@ -9,6 +9,7 @@ import re
 import httpx
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from serving import KEY, Server
 
@@ -225,3 +226,64 @@ def test_eight_concurrent_streams_equal_ask(server, tiny_llama):
         return await asyncio.gather(*(one(c, p) for p in prompts * 2))
 
     assert asyncio.run(main()) == [asked[p] for p in prompts * 2]
+
+
+@pytest.mark.parametrize("extra", [{"logit_bias": {"50": 5}}, {"audio": {"voice": "alloy", "format": "wav"}},
+                                   {"modalities": ["text", "audio"]}, {"prediction": {"type": "content",
+                                                                                      "content": "x"}},
+                                   {"web_search_options": {}}, {"functions": [{"name": "f"}]},
+                                   {"function_call": "auto"}, {"presence_penalty": 0.5},
+                                   {"frequency_penalty": 1.0}])
+def test_what_sfchat_does_not_do_is_a_400_naming_it(server, tiny_llama, extra):
+    """Nothing silently ignored: each is refused in OpenAI's shape, by the real client too."""
+    (param,) = extra
+    with pytest.raises(openai.BadRequestError) as e:
+        client(server).chat.completions.create(model=tiny_llama.name, messages=user("hi"), max_tokens=2,
+                                               extra_body=extra)
+    assert e.value.param == param and param in e.value.message
+
+
+def test_what_means_the_default_still_passes(server, tiny_llama):
+    r = client(server).chat.completions.create(model=tiny_llama.name, messages=user("hi"), max_tokens=2, n=1,
+                                               logit_bias={}, presence_penalty=0, frequency_penalty=0.0, store=False,
+                                               modalities=["text"], temperature=0)
+    assert r.choices[0].message.content is not None
+
+
+def test_legacy_completions_whole_and_streamed(server, tiny_llama):
+    c = client(server)
+    r = c.completions.create(model=tiny_llama.name, prompt="The capital of France is", max_tokens=N, temperature=0)
+    assert r.object == "text_completion" and r.id.startswith("cmpl-") and r.choices[0].text
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert 0 < r.usage.completion_tokens <= N and r.usage.prompt_tokens == len(
+        AutoTokenizer.from_pretrained(tiny_llama)("The capital of France is")["input_ids"])  # the text as it is
+    chunks = list(c.completions.create(model=tiny_llama.name, prompt="The capital of France is", max_tokens=N,
+                                       temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert all(ch.object == "text_completion" for ch in chunks) and len({ch.id for ch in chunks}) == 1
+    assert "".join(ch.choices[0].text for ch in chunks[:-1]) == r.choices[0].text
+    assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == r.usage.model_dump()
+    # no chat template: the prompt is the model's text as it is, so a chat answer to the same words differs
+    assert r.usage.prompt_tokens < c.chat.completions.create(
+        model=tiny_llama.name, messages=user("The capital of France is"), max_tokens=1).usage.prompt_tokens
+    # OpenAI's default for this endpoint: 16 tokens
+    assert c.completions.create(model=tiny_llama.name, prompt="hello", temperature=0).usage.completion_tokens <= 16
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=tiny_llama.name, prompt="hi", best_of=3)
+    assert e.value.param == "best_of"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=tiny_llama.name, prompt=[1, 2, 3])
+    assert e.value.param == "prompt"
+
+
+def test_model_card_and_unknown_routes_name_what_is_served(server, tiny_llama):
+    c = client(server)
+    assert c.models.retrieve(tiny_llama.name).id == tiny_llama.name
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-4o")
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.embeddings.create(model=tiny_llama.name, input="hi")
+    assert "/v1/embeddings is not served here" in e.value.message and "POST /v1/completions" in e.value.message
+    err = error_of(server.http.get("/v1/nothing"), 404)
+    assert "POST /v1/chat/completions" in err["message"] and "GET /v1/models/{model}" in err["message"]

@@ -4,6 +4,7 @@ Update after an intended change with: pytest tests/app/test_tui_snapshots.py --s
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from peers.member.peer import PeerState
@@ -109,3 +110,39 @@ def test_peer_screen(snap_compare):
         await until(pilot, lambda: scr.state is state and len(log.lines) == 2, "the state and the log shown", 10)
 
     assert snap_compare(PeerApp(join_options(args), start_engine=False), terminal_size=SIZE, run_before=fill)
+
+
+async def fill_narrow(pilot) -> None:
+    await fill_host(pilot)
+    table = pilot.app.main_screen.query_one(RingPanel).query_one(DataTable)
+    # every column shown (the state too), no horizontal scroll bar's blocks: the invite's note went under it
+    await until(pilot, lambda: table.size.width >= table.virtual_size.width, "the whole table", 10)
+    assert not table.show_horizontal_scrollbar
+
+
+def test_host_screen_at_100_by_30(snap_compare):
+    assert snap_compare(host_app(), terminal_size=(100, 30), run_before=fill_narrow)
+
+
+def test_an_answer_keeps_its_single_line_breaks():
+    """A haiku or a list of lines shows as lines, as the saved chat has them (Markdown alone joins them into one
+    paragraph), also while it streams in."""
+    from textual.widgets._markdown import MarkdownParagraph
+
+    from sfchat.tui.widgets.conversation import ChatMessage, Conversation
+
+    async def main():
+        app = host_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await fill_host(pilot)
+            shown = [str(p._content) for p in pilot.app.main_screen.query(MarkdownParagraph)]
+            assert "Layers pass the torch,\nhidden states from hand to hand —\none mind, many hosts." in shown
+            msg = await pilot.app.main_screen.query_one(Conversation).add("assistant")
+            msg.start_stream()
+            for piece in ("one\ntw", "o\nthree"):
+                msg.feed(piece)
+                await pilot.pause(0.1)
+            await msg.end_stream()
+            assert [str(p._content) for p in msg.query(MarkdownParagraph)] == ["one\ntwo\nthree"]
+
+    asyncio.run(main())

@@ -88,7 +88,8 @@ class ForkedPeer:
 
 
 class ForkedLocalPeers(LocalPeers):
-    def start(self, cmd: list[str], log: Path, env: dict[str, str]) -> ForkedPeer:
+    def start(self, cmd: list[str], log: Path, env: dict[str, str], mode: str = "w") -> ForkedPeer:
+        """(mode: a restarted peer's log is written afresh here, not appended to)"""
         zyg = zygote()
         if import_time_env(env) != import_time_env(zyg.env):
             return super().start(cmd, log, env)  # a fork would keep the zygote's values

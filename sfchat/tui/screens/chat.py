@@ -290,6 +290,7 @@ class ChatScreen(Screen):
     def on_ready(self, msg: Ready) -> None:
         self.ready = True
         self.sub_title = msg.model
+        self.conv.model = msg.model  # what a saved chat records (the default model's name, when none was named)
         self.drafter_name = msg.drafter
         self.show_settings()
         self.set_status("answering… (Esc stops)" if self.answering else f"ready: {msg.model}")
@@ -332,6 +333,9 @@ class ChatScreen(Screen):
         self.save()
         self.answering = False  # only now: ending the stream yields, and the answer is whole once this is False
         status = "stopped" if msg.finish == "stopped" else "ready"
+        if msg.finish == "length":  # the answer did not end: say so where the eye is, not only on its border
+            status = "ready; the answer was cut: " + ("the model's context is full" if msg.cut_by_context else
+                                                      f"it reached --max-new-tokens ({self.answer.max_new_tokens})")
         if msg.dropped:
             status += f" (dropped the {msg.dropped} oldest message(s) to fit the model's context)"
         self.set_status(status)

@@ -1,6 +1,7 @@
 """The conversation: one Markdown block per message, kept scrolled to the newest while it grows."""
 from __future__ import annotations
 
+from markdown_it import MarkdownIt
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown
 
@@ -8,9 +9,24 @@ ROLE_TITLES = {"user": "you", "assistant": "assistant"}
 FLUSH_S = 0.05  # the ring can commit ~100 pieces a second; re-parsing the Markdown 20 times a second reads as smooth
 
 
+def _hard_breaks(state) -> None:
+    """Every line break of a paragraph is kept: a model's haiku or list of lines is not one run-on paragraph
+    (Markdown joins single line breaks; a chat answer means them)."""
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
+
+def chat_markdown() -> MarkdownIt:
+    md = MarkdownIt("gfm-like")
+    md.core.ruler.push("hard_breaks", _hard_breaks)
+    return md
+
+
 class ChatMessage(Markdown):
     def __init__(self, role: str, content: str = "") -> None:
-        super().__init__(content, classes=role)
+        super().__init__(content, classes=role, parser_factory=chat_markdown)
         self.role = role
         self.border_title = ROLE_TITLES.get(role, role)
         self.streamed = ""

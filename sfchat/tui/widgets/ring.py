@@ -16,7 +16,9 @@ from .fmt import ms, size
 # the state and the plan's figures before the device and memory: where the panel is narrow, those are cut off
 COLUMNS = ("name", "address", "layers", "state", "ms/layer", "share", "device", "memory", "peak", "rtt")
 WIDTHS = {"layers": 7, "ms/layer": 8, "share": 5, "memory": 8, "peak": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
+NOTE_WIDTH = 46  # the invite's note beside the table: #invite's width and padding in sfchat.tcss
 STATE_STYLES = {"ready": "$success", "joining": "$warning", "loading": "$warning", "spare": "$text-muted",
+                "idle": "$text-muted",
                 "lost": "$error", "failed": "$error", "waiting": "$error", "left": "$text-muted"}
 
 
@@ -87,6 +89,16 @@ class RingPanel(Vertical):
         table = self.query_one(DataTable)
         for name in COLUMNS:
             table.add_column(name, key=name, width=WIDTHS.get(name))
+        self.watch(table, "virtual_size", lambda _: self.fit(), init=False)  # (columns widen with their rows)
+
+    def on_resize(self) -> None:
+        self.fit()
+
+    def fit(self) -> None:
+        """Where the table and the invite's note do not fit side by side (a 100-column terminal), the note goes
+        under the table: a table cut short loses its last column, the members' state."""
+        wide = self.query_one(DataTable).virtual_size.width + NOTE_WIDTH
+        self.set_class(wide > self.content_size.width, "narrow")
 
     def show(self, members: list[dict], invite: str, serving: str = "") -> None:
         table = self.query_one(DataTable)
