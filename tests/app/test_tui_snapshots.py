@@ -15,7 +15,7 @@ from sfchat.options import join_options, ring_options
 from sfchat.tui.app import HostApp, PeerApp
 from sfchat.tui.messages import LogLine, PeerChanged, Ready, RingChanged
 from sfchat.tui.widgets.prompt import PromptInput
-from sfchat.tui.widgets.ring import RingPanel
+from sfchat.tui.widgets.ring import COLUMNS, RingPanel
 from sfchat.tui.widgets.stats import StatsPanel
 from textual.widgets import DataTable, Log
 
@@ -80,6 +80,11 @@ async def fill_host(pilot) -> None:
     table = scr.query_one(RingPanel).query_one(DataTable)
     await until(pilot, lambda: scr.ready and table.row_count == len(MEMBERS) and scr.query_one(RingPanel).invite,
                 "the ring and the model shown", 10)
+    # the table's columns widen with their rows, and the panel lays out again after them: wait until it settles
+    shown = None
+    while shown != (table.virtual_size, table.size):
+        shown = (table.virtual_size, table.size)
+        await pilot.pause(0.1)
 
 
 def test_host_screen(snap_compare):
@@ -115,8 +120,12 @@ def test_peer_screen(snap_compare):
 async def fill_narrow(pilot) -> None:
     await fill_host(pilot)
     table = pilot.app.main_screen.query_one(RingPanel).query_one(DataTable)
-    # every column shown (the state too), no horizontal scroll bar's blocks: the invite's note went under it
-    await until(pilot, lambda: table.size.width >= table.virtual_size.width, "the whole table", 10)
+    # the state column shown whole, no horizontal scroll bar's blocks: the invite's note went under the table
+    def state_shown() -> bool:
+        widths = [c.get_render_width(table) for c in table.ordered_columns]
+        return sum(widths[: COLUMNS.index("state") + 1]) <= table.size.width
+
+    await until(pilot, state_shown, "the state column", 10)
     assert not table.show_horizontal_scrollbar
 
 
