@@ -151,6 +151,7 @@ class Host:
         fetching = self.planner.fetching()
         problem = "" if self.planner.gate.replanning else self.planner.problem()
         host = {"id": 0, "name": "host", "address": self.address, "device": self.device, "dtype": self.dtype,
+                "quant": self.quant,
                 "layers": str(self.shard.span) if self.shard else "",
                 "state": downloading(fetching) or ("waiting" if problem else "ready"), "error": problem,
                 "download": fetching, "rtt_ms": 0.0,
