@@ -85,3 +85,30 @@ def test_a_ring_of_two_peers_answers_what_one_process_does_with_the_same_kernels
     assert ring == alone
     assert torch.equal(ring_logits, alone_logits)  # the same kernels on the same shapes: the same bits
     assert alone != plain
+
+
+def test_auto_is_int4_on_a_cpu_for_the_embedded_default_and_members_follow_the_host(monkeypatch):
+    monkeypatch.delenv("SFCHAT_CPU_QUANT")  # (the suite pins none: tests/conftest.py)
+    assert cq.pick_quant("auto", "cpu", True) == "int4"
+    assert cq.pick_quant("auto", "cpu", False) == cq.pick_quant("auto", "cuda:0", True) == "none"
+    assert cq.pick_quant("none", "cpu", True) == "none" and cq.pick_quant("nf4", "cuda", False) == "nf4"
+    assert cq.follow("auto", "cpu", "int4") == "int4" and cq.follow("int8", "cpu", "int4") == "int8"
+    assert cq.follow("auto", "cuda", "int4") == cq.follow("auto", "cpu", "nf4") == "none"
+
+
+def test_the_embedded_default_runs_int4_through_a_ring_by_default(smollm2, monkeypatch):
+    """No --quant anywhere: the host and its member (told nothing) both hold int4 layers, and the plan counts them
+    so; --quant none brings float32 back."""
+    import trio
+
+    from helpers import greedy_reply, running_ring
+
+    monkeypatch.delenv("SFCHAT_CPU_QUANT")
+
+    async def main():
+        async with running_ring(smollm2, 1) as (host, _):
+            kinds = {type(m).__name__ for m in host.shard.layers.modules()}
+            return host.quant, kinds, host.planner.offers(host.ring)[1].quant, await greedy_reply(host, "Hi", 4)
+
+    quant, kinds, member, ids = trio.run(main)
+    assert quant == "int4" and "Int4Linear" in kinds and member == "int4" and len(ids) > 0

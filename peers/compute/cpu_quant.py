@@ -12,6 +12,8 @@ quantized and packed independently, so the peak while loading stays one chunk ab
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 KINDS = ("int4", "int8")
@@ -19,6 +21,24 @@ GROUP = 32
 ROWS = 16  # the int4 kernel packs rows in blocks of 16: a matrix's rows, and a chunk's, come in whole blocks
 CHUNK_BYTES = 8 << 20  # full-precision rows read and quantized at a time (as float32)
 COMPUTE = torch.bfloat16
+
+
+def pick_quant(name: str, device: str, embedded_default: bool) -> str:
+    """`auto` on the host: int4 on a CPU for the embedded default (a Q4_1 GGUF, whose blocks come back on their
+    own grid), none for other models and on a GPU. SFCHAT_CPU_QUANT overrides what auto takes on a CPU (the
+    test suite pins none); any other name as given."""
+    if name != "auto":
+        return name
+    if str(device).startswith("cuda"):
+        return "none"
+    return os.environ.get("SFCHAT_CPU_QUANT") or ("int4" if embedded_default else "none")
+
+
+def follow(own: str, device: str, host: str) -> str:
+    """A member's `auto`: the host's kind where both run it on a CPU, else none."""
+    if own != "auto":
+        return own
+    return host if not str(device).startswith("cuda") and host in KINDS else "none"
 
 
 class Int4Linear(torch.nn.Module):

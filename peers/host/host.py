@@ -24,6 +24,7 @@ from peers.links.auth import AuthError, new_token, server_handshake
 from peers.links.channel import Channel, ChannelClosed, parse_addr, peername
 from peers.base.errors import FitError, MemberLeft, RingError
 from peers.models.fingerprint import config_fingerprint
+from peers.compute.cpu_quant import pick_quant
 from peers.compute.memory import default_device, free_bytes, pick_dtype, reset_peak, usage
 from peers.plan.roster import Member, Roster, downloading
 from peers.base.options import HostOptions
@@ -66,12 +67,14 @@ class Host:
         self.relay, self.relay_address = opts.relay, ""  # relay://… once registered
         self.tls = TLSEndpoint(opts.tls, "host")
         self.device = opts.device or default_device()
-        self.dtype, self.quant = pick_dtype(opts.dtype, self.device), opts.quant
+        self.dtype = pick_dtype(opts.dtype, self.device)
         reset_peak(self.device)
         self.say = say
         self.on_change = on_change or (lambda: None)
         self.source = models.open_source(self.model_spec, say=say)  # a hub model: only config and tokenizer yet
         self.model_dir = self.source.dir
+        embedded = self.source.hub is None and self.model_dir.name == models.DEFAULT_MODEL  # (its cached dir too)
+        self.quant = pick_quant(opts.quant, self.device, embedded)
         self.plan_at_start = True  # False: members are on their way; plan (and fetch) once they are here
         self.config = load_config(self.model_dir)
         self.fingerprint = config_fingerprint(self.model_dir)

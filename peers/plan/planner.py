@@ -21,6 +21,7 @@ from peers.plan.roster import Member, Roster
 from peers.plan.gate import PassGate
 from peers.compute.memory import free_bytes, give_back
 from peers.base.limits import CONVERSATIONS
+from peers.compute.cpu_quant import follow
 from peers.plan.layers import QUANT_BYTES, ModelSize, Offer, covers, host_bytes, plan, planned_bytes
 from peers.compute.shard import Shard
 from peers.base.dtypes import DTYPES
@@ -75,7 +76,7 @@ class Planner:
         t = self.target
         return [Offer("host", self.host_offer(), t.dtype, t.quant)] + [
             Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
-                  m.quant if m.quant in QUANT_BYTES else "none") for m in live]
+                  q if (q := follow(m.quant, m.device, t.quant)) in QUANT_BYTES else "none") for m in live]
 
     def problem(self) -> str:
         """Why the ring cannot answer now, or '' when it can: its spans must hold every layer exactly once, in pass
@@ -158,7 +159,7 @@ class Planner:
                                   "start": m.span.start,
                                   "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt, "next_tls": pin,
                                   "host_port": host_port, "max_context": t.max_context,
-                                  "conversations": t.conversations})
+                                  "conversations": t.conversations, "quant": t.quant})
             except ChannelClosed:
                 m.state = "lost"
         for m in ring:
