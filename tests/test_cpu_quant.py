@@ -112,3 +112,18 @@ def test_the_embedded_default_runs_int4_through_a_ring_by_default(smollm2, monke
 
     quant, kinds, member, ids = trio.run(main)
     assert quant == "int4" and "Int4Linear" in kinds and member == "int4" and len(ids) > 0
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_the_plan_counts_a_cpu_layer_s_real_bytes_scales_included(kind, tiny_llama):
+    from peers.models import checkpoint
+    from peers.plan.layers import ModelSize, weight_bytes
+
+    m = ModelSize.of(checkpoint.read_config(tiny_llama), checkpoint.tensor_shapes(tiny_llama))
+    s = Shard(tiny_llama, Span(0, 2, 4), embed=False, head=False, dtype="bfloat16", quant=kind)
+    held = [t for mod in s.layers.modules() for t in mod._parameters.values() if t is not None]
+    held += [t for mod in s.layers.modules() for t in (getattr(mod, a, None) for a in ("packed", "scales_zeros", "scales"))
+             if t is not None]
+    real = sum(t.numel() * t.element_size() for t in held) / 2
+    planned = weight_bytes(m, "bfloat16", kind)
+    assert real <= planned <= 1.05 * real, (real, planned)  # (int8's scale per row is planned as float32)
