@@ -18,7 +18,8 @@ import torch
 
 KINDS = ("int4", "int8")
 GROUP = 32
-ROWS = 16  # the int4 kernel packs rows in blocks of 16: a matrix's rows, and a chunk's, come in whole blocks
+ROWS = 16  # the int4 kernel takes matrices of a multiple of 16 rows
+BLOCK = 64  # and packs them in blocks of 64 rows: a chunk (not the last) is whole blocks, or its rows land wrong
 CHUNK_BYTES = 8 << 20  # full-precision rows read and quantized at a time (as float32)
 COMPUTE = torch.bfloat16
 
@@ -107,7 +108,7 @@ def quantize(module: torch.nn.Module, read_rows, shape: tuple[int, int], device:
     rows, cols = shape
     step = max(1, CHUNK_BYTES // 4 // cols)
     if isinstance(module, Int4Linear):
-        step = max(1, step // ROWS) * ROWS
+        step = max(1, step // BLOCK) * BLOCK
         packed = torch.empty(rows, cols // 2, dtype=torch.uint8)
         sz = torch.empty(cols // module.group, rows, 2, dtype=COMPUTE)
         for a, b in chunks(rows, step):
