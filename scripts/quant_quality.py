@@ -1,6 +1,6 @@
 """Perplexity and top-1 agreement of a CPU's number formats against float32, over a fixed text (docs/benchmarks.md).
 
-    python scripts/quant_quality.py [--model smollm2-135m] [--text FILE] [--tokens 2048] [--window 512]
+    python scripts/quant_quality.py [--model smollm2-135m] [--text FILE] [--tokens 2048] [--window 512] [--formats …]
 
 Each format loads the whole model in one Shard (the code a ring member runs) and reads the text in windows of
 --window tokens, each from an empty cache; every position's next-token log-likelihood counts (a window's first
@@ -31,6 +31,8 @@ def main() -> None:
     p.add_argument("--text", default=str(Path(__file__).resolve().parent.parent / "README.md"))
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--window", type=int, default=512)
+    p.add_argument("--formats", default=",".join(f"{d}:{q}" for d, q in FORMATS),
+                   help="DTYPE:QUANT,… (the first is the reference; default: %(default)s)")
     args = p.parse_args()
     model_dir = models.resolve(args.model)
     ids = AutoTokenizer.from_pretrained(model_dir)(Path(args.text).read_text())["input_ids"][: args.tokens + 1]
@@ -41,7 +43,7 @@ def main() -> None:
     print(f"{args.text}: {args.tokens} tokens, windows of {args.window}; model {model_dir.name}")
     print("| dtype | quant | perplexity | vs float32 | top-1 agreement | s |")
     print("|---|---|---|---|---|---|")
-    for dtype, quant in FORMATS:
+    for dtype, quant in (f.split(":") for f in args.formats.split(",")):
         start = time.monotonic()
         shard = Shard(model_dir, Span(0, n_layers, n_layers), embed=True, head=True, dtype=dtype, quant=quant)
         nll, top = [], []
