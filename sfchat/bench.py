@@ -522,7 +522,10 @@ def machine_info() -> dict:
         pass
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
         if torch.cuda.is_available() else []
+    from peers import pick_dtype
+
     return {"cpu": cpu, "cores": os.cpu_count(), "gpus": gpus, "torch_threads": torch.get_num_threads(),
+            "cpu_dtype": pick_dtype("auto", "cpu"),  # bfloat16 where the CPU multiplies it natively
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
             if hasattr(os, "sysconf") else None,
             "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
@@ -582,7 +585,8 @@ def header(head: dict) -> list[str]:
 def machine_line(m: dict) -> str:
     """The machine in one line: what a reader needs to compare their figures with these."""
     gpu = ", ".join(m["gpus"]) if m["gpus"] else "no GPU"
-    return f"machine: {m['cpu']}, {m['cores']} cores, {gpu}; torch {m['torch']}, {m['torch_threads']} threads"
+    return (f"machine: {m['cpu']}, {m['cores']} cores, {gpu}; torch {m['torch']}, {m['torch_threads']} threads"
+            + (f"; --dtype auto on the CPU: {m['cpu_dtype']}" if m.get("cpu_dtype") else ""))
 
 
 def flight_label(n: int | str) -> str:

@@ -79,8 +79,10 @@ def _model_args(p: argparse.ArgumentParser, model_help: str = MODEL_HELP + " (de
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="the weights' and activations' number format; auto: bfloat16 on recent CUDA GPUs, "
                    "float16 on older ones, float32 on the CPU")
-    p.add_argument("--quant", default="none", choices=["none", "int8", "nf4"],
-                   help="quantize the weights while loading (int8, nf4: bitsandbytes, CUDA)")
+    p.add_argument("--quant", default="auto", choices=["auto", "none", "int4", "int8", "nf4"],
+                   help="quantize the weights while loading (int4, int8 on a CPU: torch's kernels, bfloat16 "
+                   "activations; int8, nf4: bitsandbytes, CUDA); auto: int4 on a CPU for the embedded default, "
+                   "none otherwise; a member's auto follows the host's")
     p.add_argument("--device", help="cpu, cuda, cuda:1 … (default: cuda if present)")
     p.add_argument("--no-graphs", action="store_true", help="on a GPU, run every pass eagerly instead of replaying "
                    "CUDA graphs of short passes")

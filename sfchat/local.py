@@ -60,7 +60,7 @@ def stop(procs: list[subprocess.Popen], timeout: float = 5) -> None:
 
 class LocalPeers:
     def __init__(self, n: int, host_addr: str, token: str, *, model: str | None = None, dtype: str = "auto",
-                 quant: str = "none", graphs: bool = True, extra: list[str] | None = None,
+                 quant: str = "auto", graphs: bool = True, extra: list[str] | None = None,
                  cores: tuple[list[int], ...] = (), own: tuple[list[str], ...] = ()):
         """`cores` (bench --pin): peer i pins itself to cores[i] as it starts; `own`: peer i's own join flags
         (bench --member-threads…), after the common ones so they win."""

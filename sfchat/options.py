@@ -112,7 +112,7 @@ def ring_options(args, s: Settings | None = None) -> RingOptions:
     a = vars(args)
     host = HostOptions(model=a.get("model") or (s.model if s else None) or None, token=a.get("token"),
                        listen=a.get("listen") or "127.0.0.1:0", device=a.get("device"),
-                       dtype=a.get("dtype", "auto"), quant=a.get("quant", "none"), tls=bool(a.get("tls")),
+                       dtype=a.get("dtype", "auto"), quant=a.get("quant", "auto"), tls=bool(a.get("tls")),
                        relay=a.get("relay"), max_context=a.get("max_context"), graphs=not a.get("no_graphs"),
                        conversations=a.get("max_conversations"), offer_gb=a.get("offer_gb"),
                        placement=a.get("placement"), serving=bool(a.get("serve")))

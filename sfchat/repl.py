@@ -20,7 +20,7 @@ from . import settings as settings_mod
 from . import invite, store
 from .ask import length_note
 from .options import RingOptions
-from .runtime import build_host, invite_for, new_drafter, open_ring
+from .runtime import build_host, compute_line, invite_for, new_drafter, open_ring
 from .serve.command import serving_beside
 from .tui.commands import HELP, CommandError, current_k, current_temperature, parse
 
@@ -102,7 +102,8 @@ async def _repl(opts: RingOptions, lines: Lines) -> int:
     host.say = lines.say
     watch.host = host
     async with open_ring(opts, host=host, stay=True) as ring:
-        lines.say(f"sfchat host on {invite.listening(host)}. On each other machine run:\n"
+        lines.say(f"sfchat host on {invite.listening(host)} ({host.device}, {compute_line(host)}). "
+                  "On each other machine run:\n"
                   f"  {invite_for(opts, host)}")
         lines.say("Type a prompt, or /help.")
         chat = HeadlessChat(opts, ring, lines, await new_drafter(opts.answer.draft, ring, say=lines.say))

@@ -110,3 +110,8 @@ async def new_drafter(spec: str | None, ring: Ring, say=say):
         embedding=host.shard.embed.weight if host.shard is not None else None))
     host.set_drafter_bytes(getattr(drafter, "bytes", 0))
     return drafter
+
+
+def compute_line(host) -> str:
+    """The host's number format as start-up lines say it: its dtype (what --dtype auto took), its quantization."""
+    return host.dtype + (f", {host.quant} weights" if host.quant != "none" else "")

@@ -16,6 +16,10 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))  # helpers, tiny models, the
 
 # the real SmolLM2 is pulled once into a cache that survives test runs; nothing touches the user's own dirs
 os.environ.setdefault("SFCHAT_MODELS_DIR", str(ROOT / ".cache" / "models"))
+# exactness tests compare with float32 transformers: --dtype auto stays float32 on a CPU with native bfloat16 too
+# (peers/compute/memory.py: cpu_bf16); the tests of bfloat16 and of auto's choice name theirs
+os.environ.setdefault("SFCHAT_CPU_DTYPE", "float32")
+os.environ.setdefault("SFCHAT_CPU_QUANT", "none")  # (and --quant auto keeps the embedded default in float)
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ class HostOptions:
     listen: str = "127.0.0.1:0"
     device: str | None = None  # None: cuda if present
     dtype: str = "auto"
-    quant: str = "none"
+    quant: str = "auto"
     offer_gb: float | None = None  # the host's own share; None: what is free
     heartbeat_s: float = 0.5
     dead_after_s: float = 3.0  # a member silent this long is lost (never sooner than 5x its p99 pong: roster.py)
@@ -35,7 +35,7 @@ class PeerOptions:
     advertise: str | None = None
     device: str | None = None
     dtype: str = "auto"
-    quant: str = "none"
+    quant: str = "auto"
     offer_gb: float | None = None
     name: str = "peer"
     relay: str | None = None

@@ -119,9 +119,24 @@ def injected_failure(who: str, stage: str, device: str) -> None:
 
 def pick_dtype(name: str, device: str) -> str:
     """`auto`: bfloat16 on a CUDA device that computes in it (compute capability 8+), float16 on older CUDA
-    devices, float32 on the CPU (where half precision is slower and less exact); any other name as given."""
+    devices; on a CPU bfloat16 where it multiplies bfloat16 natively (cpu_bf16), else float32 (where half
+    precision is emulated: slower than float32, and less exact); any other name as given."""
     if name != "auto":
         return name
     if not str(device).startswith("cuda"):
-        return "float32"
+        return "bfloat16" if cpu_bf16() else "float32"
     return "bfloat16" if torch.cuda.get_device_capability(torch.device(device))[0] >= 8 else "float16"
+
+
+def cpu_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), as oneDNN does then. SFCHAT_CPU_DTYPE
+    (float32 or bfloat16) overrides what `auto` takes on a CPU (the test suite pins float32 with it)."""
+    pinned = os.environ.get("SFCHAT_CPU_DTYPE")
+    if pinned in ("float32", "bfloat16"):
+        return pinned == "bfloat16"
+    try:
+        with open(cpuinfo) as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

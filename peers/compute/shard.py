@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from peers.models import families as architectures
 from peers.compute import kv, packed
 from peers.base import tree_layout
-from peers.compute import quant as quantization
+from peers.compute import cpu_quant, quant as quantization
 from peers.models.checkpoint import Stored, locations, weight_files
 from peers.compute.cpu_linear import use_columns
 from peers.compute.graphs import Graphs, pad, shape
@@ -76,7 +76,17 @@ class Shard:
         self.layer_types = self.family.layer_types(config)
         self.rotary = self.family.rotary(config, inner, self.device, self._kinds())
         self.quant = quant
-        if quant != "none":  # swapped on the meta device, each matrix quantized as it is read (peers/compute/quant.py)
+        # swapped on the meta device, each matrix quantized as it is read: torch's int4/int8 kernels on a CPU
+        # (the head too: the largest matrix of all), bitsandbytes for nf4 and on CUDA (peers/compute/quant.py)
+        on_cpu = self.device.type == "cpu" and quant in cpu_quant.KINDS
+        self.quantizer = cpu_quant if on_cpu else quantization
+        if on_cpu:
+            cpu_quant.swap_linears(self.layers, quant)
+            # the head in int8 whatever the kind: a GGUF's embedding is mostly 6 or 8 bits, and 4 cost 3% perplexity
+            self.lm_head = cpu_quant.swapped(self.lm_head, "int8")
+        elif quant != "none":
+            if quant not in quantization.KINDS:
+                raise ModelError(f"--quant {quant} runs on a CPU only; on CUDA use --quant nf4 or int8")
             quantization.swap_linears(self.layers, quant, self.dtype)
         self._load(model_dir)
         use_columns(self.layers, self.lm_head)  # on a CPU, the head's few rows at the memory's full speed
@@ -124,8 +134,10 @@ class Shard:
         for k in list(want) + [k for k in want_head if k not in want]:
             st, moved = stored[k], None  # a tied head shares the embedding's tensor on the device
             for module, leaf in [self._slot(*t, st) for t in (want.get(k), want_head.get(k)) if t is not None]:
-                if self.quant != "none" and quantization.is_quantized(module, leaf):  # read and quantized by rows
-                    quantization.quantize(module, partial(read_rows, st, dtype=self.dtype), st.shape, self.device)
+                if self.quant != "none" and self.quantizer.is_quantized(module, leaf):  # read and quantized by rows
+                    full_precision = torch.float32 if self.quantizer is cpu_quant else self.dtype
+                    self.quantizer.quantize(module, partial(read_rows, st, dtype=full_precision), st.shape,
+                                            self.device)
                     continue
                 moved = read(st, self.dtype).to(self.device) if moved is None else moved
                 setattr(module, leaf, torch.nn.Parameter(moved, requires_grad=False))

@@ -24,6 +24,7 @@ from peers.links.auth import AuthError, new_token, server_handshake
 from peers.links.channel import Channel, ChannelClosed, idle_s, parse_addr, peername
 from peers.base.errors import FitError, MemberLeft, RingError
 from peers.models.fingerprint import config_fingerprint
+from peers.compute.cpu_quant import pick_quant
 from peers.compute.memory import default_device, free_bytes, pick_dtype, reset_peak, usage
 from peers.plan.roster import Member, Roster, downloading
 from peers.base.options import HostOptions
@@ -67,12 +68,14 @@ class Host:
         self.relay, self.relay_address = opts.relay, ""  # relay://… once registered
         self.tls = TLSEndpoint(opts.tls, "host")
         self.device = opts.device or default_device()
-        self.dtype, self.quant = pick_dtype(opts.dtype, self.device), opts.quant
+        self.dtype = pick_dtype(opts.dtype, self.device)
         reset_peak(self.device)
         self.say = say
         self.on_change = on_change or (lambda: None)
         self.source = models.open_source(self.model_spec, say=say)  # a hub model: only config and tokenizer yet
         self.model_dir = self.source.dir
+        embedded = self.source.hub is None and self.model_dir.name == models.DEFAULT_MODEL  # (its cached dir too)
+        self.quant = pick_quant(opts.quant, self.device, embedded)
         self.plan_at_start = True  # False: members are on their way; plan (and fetch) once they are here
         self.config = load_config(self.model_dir)
         self.fingerprint = config_fingerprint(self.model_dir)
@@ -167,6 +170,7 @@ class Host:
         fetching = self.planner.fetching()
         problem = "" if self.planner.gate.replanning else self.planner.problem()
         host = {"id": 0, "name": "host", "address": self.address, "device": self.device, "dtype": self.dtype,
+                "quant": self.quant,
                 "layers": str(self.shard.span) if self.shard else "",
                 "state": downloading(fetching) or ("waiting" if problem else "ready"), "error": problem,
                 "download": fetching, "rtt_ms": 0.0,

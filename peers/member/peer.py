@@ -20,6 +20,7 @@ from peers.links.auth import AuthError, client_handshake
 from peers.links.channel import Channel, ChannelClosed
 from peers.links.control import ControlLink
 from peers.base.errors import CannotServe, ModelError
+from peers.compute.cpu_quant import follow
 from peers.compute.memory import default_device, free_bytes, give_back, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes, usage
 from peers.base.options import PeerOptions
 from peers.member.passes import DataPlane
@@ -55,6 +56,7 @@ class Peer:
         self.host_addr, self.token, self.model_spec = opts.address, opts.token, opts.model
         self.listen, self.advertise, self.quant = opts.listen, opts.advertise, opts.quant
         self.device = opts.device or default_device()
+        self.quant_now = opts.quant  # what its layers hold: `auto` follows the host's at each assignment
         self.dtype = pick_dtype(opts.dtype, self.device)  # each member its own; hidden states convert at each hop
         self.offer_gb, self.name, self.graphs, self.key = opts.offer_gb, opts.name, opts.graphs, opts.key
         if opts.threads:  # before any pass, the timing below included
@@ -176,7 +178,7 @@ class Peer:
 
     def _load(self, model_dir, span: Span, room: tuple[int | None, int]) -> Shard:
         injected_failure(self.name, "load", self.device)
-        return Shard(model_dir, span, embed=False, head=False, dtype=self.dtype, quant=self.quant,
+        return Shard(model_dir, span, embed=False, head=False, dtype=self.dtype, quant=self.quant_now,
                      device=self.device, graphs=self.graphs, context=room[0], conversations=room[1])
 
     def _memory(self) -> dict:
@@ -191,6 +193,7 @@ class Peer:
                     validate.need(msg, "n_layers", int, 1))
         # no --model: the host's, a hub model pinned to the commit the host resolved
         spec = self.model_spec or validate.need(msg, "model", str)
+        self.quant_now = follow(self.quant, self.device, str(msg.get("quant") or "none"))  # (auto: the host's)
         self._changed(state="loading", span=span)
         try:
             await self._take_span(spec, span, msg, ctl)

@@ -19,7 +19,8 @@ from peers.plan.placement import Stage, place, ring_order
 
 # bytes a quantized matrix keeps per weight: int8 one byte (its float32 scale per row is counted by rows);
 # nf4 half a byte, a one-byte absmax per 64-weight block and a float32 per 256 blocks (double quantization)
-QUANT_BYTES = {"int8": 1.0, "nf4": 0.5 + 1 / 64 + 4 / (64 * 256)}
+# int4 (a CPU's, peers/compute/cpu_quant.py): half a byte, a bfloat16 scale and zero per 32-weight group
+QUANT_BYTES = {"int8": 1.0, "nf4": 0.5 + 1 / 64 + 4 / (64 * 256), "int4": 0.5 + 4 / 32}
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from peers.plan.roster import Member, Roster
 from peers.plan.gate import PassGate
 from peers.compute.memory import free_bytes, give_back
 from peers.base.limits import CONVERSATIONS
+from peers.compute.cpu_quant import follow
 from peers.plan.layers import (QUANT_BYTES, ModelSize, Offer, covers, host_bytes, plan, planned_bytes, predicted_ms,
                                scale)
 from peers.compute.shard import Shard
@@ -89,7 +90,7 @@ class Planner:
         return [Offer("host", self.host_offer(), t.dtype, t.quant, self.host_ms,
                       cuda=str(t.device).startswith("cuda"))] + [
             Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
-                  m.quant if m.quant in QUANT_BYTES else "none", m.ms_per_layer,
+                  q if (q := follow(m.quant, m.device, t.quant)) in QUANT_BYTES else "none", m.ms_per_layer,
                   0.0 if math.isnan(m.rtt_ms) else m.rtt_ms) for m in live]
 
     def problem(self) -> str:
@@ -210,7 +211,7 @@ class Planner:
                                   "start": m.span.start,
                                   "end": m.span.end, "n_layers": m.span.n_layers, "next": nxt, "next_tls": pin,
                                   "host_port": host_port, "max_context": t.max_context,
-                                  "conversations": t.conversations})
+                                  "conversations": t.conversations, "quant": t.quant})
             except ChannelClosed:
                 m.state = "lost"
         for m in ring:

@@ -69,7 +69,7 @@ class Member:
     def info(self) -> dict:
         return {"id": self.id, "name": self.name, "address": self.data_addr, "device": self.device,
                 "layers": str(self.span) if self.span and self.state not in ("lost", "failed") else "",
-                "dtype": self.dtype,
+                "dtype": self.dtype, "quant": self.quant,
                 "state": downloading(self.download) or ("left" if self.left else self.state),
                 "download": self.download,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),

@@ -6,7 +6,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from sfchat.options import RingOptions, ServeOptions
-from sfchat.runtime import Ring, build_host, new_drafter, open_ring, say
+from sfchat.runtime import Ring, build_host, compute_line, new_drafter, open_ring, say
 
 from peers import parse_addr
 
@@ -57,7 +57,8 @@ async def serve_command(opts: RingOptions) -> int:
         drafter = await new_drafter(opts.answer.draft, ring)
         async with trio.open_nursery() as nursery:
             conv, url = await start(nursery, ring, drafter, opts)
-            say(f"sfchat serving {host.source.name} at {url}/v1 (up to {conv.limit} conversations at once)")
+            say(f"sfchat serving {host.source.name} at {url}/v1 (up to {conv.limit} conversations at once; "
+                f"{host.device}, {compute_line(host)})")
             say(f"ring on {listening(host)}. On each other machine run:\n"
                 f"  {for_host(host, opts.advertise, listen_flag='--ring-listen')}")
     return 0

@@ -10,7 +10,7 @@ import trio
 from helpers import cosine_to_float, greedy_reply, new_chat, reference_ids, running_ring, sfchat
 from peers.speculation.adaptive import KPolicy
 from peers.speculation.drafting import make_drafter
-from peers.compute.memory import pick_dtype
+from peers.compute.memory import cpu_bf16, pick_dtype
 from peers.speculation.sampling import SamplingParams
 from test_tree import OracleTrees, TreePolicy
 from tiny import ARCHS, make_model
@@ -60,9 +60,14 @@ def test_an_architecture_sfchat_cannot_split_is_one_line_before_loading(tmp_path
     assert "cannot split gpt2" in lines[0] and "Gemma 2" in lines[0] and "Qwen3" in lines[0]
 
 
-def test_dtype_auto_per_device():
-    assert pick_dtype("auto", "cpu") == "float32"
+def test_dtype_auto_per_device(tmp_path, monkeypatch):
+    assert pick_dtype("auto", "cpu") == "float32"  # (the suite pins it: tests/conftest.py)
     assert pick_dtype("bfloat16", "cpu") == "bfloat16"  # asked for: as given
+    monkeypatch.delenv("SFCHAT_CPU_DTYPE")
+    (tmp_path / "amx").write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n")
+    (tmp_path / "avx2").write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    assert cpu_bf16(str(tmp_path / "amx")) and not cpu_bf16(str(tmp_path / "avx2"))
+    assert pick_dtype("auto", "cpu") == ("bfloat16" if cpu_bf16() else "float32")  # native bfloat16: taken
 
 
 def test_each_member_runs_its_own_dtype_and_says_so(tiny_qwen2):
