@@ -1,7 +1,7 @@
 """--quant int4|int8 on a CPU: weights kept quantized and multiplied by torch's own CPU kernels.
 
 int4: groups of GROUP weights along a row, each w = (q - 8) * scale + zero with q in 0..15 (the layout of
-torch.ops.aten._weight_int4pack_mm_for_cpu, checked against the dequantized matrix by tests/test_cpu_quant.py);
+torch.ops.aten._weight_int4pack_mm_for_cpu, checked against the dequantized matrix by tests/ring/test_cpu_quant.py);
 scale and zero from the group's min and max, so a GGUF Q4_1 block (w = d * q + m, q spanning 0..15) comes back
 on its own grid. int8: one scale per output row (absmax / 127), torch.ops.aten._weight_int8pack_mm.
 
@@ -153,6 +153,6 @@ def dequantize(module: torch.nn.Module) -> torch.Tensor:
     """(tests) The float32 matrix a quantized layer multiplies by."""
     if isinstance(module, Int8Linear):
         return module.weight.float() * module.scales.float()[:, None]
-    n, k = module.out_features, module.in_features
+    k = module.in_features
     eye = torch.eye(k, dtype=COMPUTE)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, module.packed, module.group, module.scales_zeros).float().t()
