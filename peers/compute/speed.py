@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from peers.base.dtypes import DTYPES
 from peers.base.limits import REFERENCE_LAYER, SPEED_POSITIONS
-from peers.compute import quant as quantization
+from peers.compute import cpu_quant, quant as quantization
 
 log = logging.getLogger("sfchat.speed")
 CONTEXT = 256  # positions of cache each timed pass attends to
@@ -52,12 +52,19 @@ class ReferenceLayer(torch.nn.Module):
 def _layer(device: str, dtype: str, quant: str) -> ReferenceLayer:
     r = REFERENCE_LAYER
     layer = ReferenceLayer(r["hidden"], r["intermediate"], r["heads"], r["kv_heads"])
+    if quant == "auto":  # a member's, before it knows the model: it will follow the host's, which for the
+        quant = cpu_quant.pick_quant("auto", device, embedded_default=True)  # embedded default is int4 on a CPU
     if quant == "none":
         return layer.to(device=device, dtype=DTYPES[dtype])
     weights = {n: m.weight.detach().clone() for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
-    quantization.swap_linears(layer, quant, DTYPES[dtype])
+    on_cpu = not str(device).startswith("cuda") and quant in cpu_quant.KINDS  # as the shard picks its kernels
+    if on_cpu:
+        cpu_quant.swap_linears(layer, quant)
+    else:
+        quantization.swap_linears(layer, quant, DTYPES[dtype])
     for name, w in weights.items():
-        quantization.quantize(layer.get_submodule(name), lambda a, b, w=w: w[a:b], tuple(w.shape), torch.device(device))
+        (cpu_quant if on_cpu else quantization).quantize(layer.get_submodule(name), lambda a, b, w=w: w[a:b],
+                                                         tuple(w.shape), torch.device(device))
     for norm in (layer.norm1, layer.norm2):
         norm.to(device=device, dtype=DTYPES[dtype])
     return layer

@@ -33,3 +33,13 @@ def test_a_reference_layer_costs_more_at_a_prefill_chunk_than_at_one_position(mo
     finally:
         torch.set_num_threads(old)
     assert by[SPEED_POSITIONS[-1]] > by[SPEED_POSITIONS[0]]
+
+
+def test_a_cpu_member_times_the_kernels_its_quantization_runs_on(monkeypatch):
+    """int4/int8 on a CPU are torch's own kernels (peers/compute/cpu_quant.py), not bitsandbytes; a member left at
+    `auto` times what it will follow, the host's int4 for the embedded default."""
+    monkeypatch.delenv("SFCHAT_TEST_MS_PER_LAYER", raising=False)
+    monkeypatch.delenv("SFCHAT_CPU_QUANT", raising=False)
+    for quant in ("int4", "int8", "auto"):
+        by = speed.ms_per_layer("cpu", "bfloat16", quant)
+        assert all(ms > 0 and math.isfinite(ms) for ms in by.values()), (quant, by)
