@@ -785,8 +785,8 @@ async def bench(args) -> int:
                   console=err, transient=True) as progress:
         await measure(args, plan, model_dir, tokenizer, results, progress)
     console = Console(width=None if sys.stdout.isatty() else 110)
-    for line in header(results.head):
-        console.print(line, highlight=False, markup=False)
+    for line in header(results.head):  # one line each, whatever the width: they are copied into reports
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     if results.rows:
         print_tables(results.rows, plan.rtts, console)
     if results.serving:

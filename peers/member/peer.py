@@ -89,9 +89,10 @@ class Peer:
             got = await nursery.start(partial(links.serve, self.data.serve, self.listen, self.relay,
                                               links.member_endpoint(self.host_addr, self.name), default_host="0.0.0.0"))
             my_port, self.advertise = got.port, self.advertise or got.relay_address or None
-            # its speed, before it joins (the host waits for an offer only so long)
-            ms = await trio.to_thread.run_sync(speed.measure, self.device, self.dtype, self.quant, self.name)
+            # the link first, so a wrong address or --tls is said at once; then its speed, before the handshake
+            # (the host waits for an offer only so long after a hello)
             stream = await TLSEndpoint.dial(await links.dial(self.host_addr), self.tls_pin)
+            ms = await trio.to_thread.run_sync(speed.measure, self.device, self.dtype, self.quant, self.name)
             self.ctl = ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # the host pings every second
             await client_handshake(ctl, self.token, "join", name=self.name)
             offer = self.offer_gb * 2**30 if self.offer_gb is not None else free_bytes(self.device)

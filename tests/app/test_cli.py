@@ -80,13 +80,13 @@ def test_options_mean_the_same_on_every_command():
 
 def test_the_host_offers_what_offer_gb_says(tiny_llama):
     """A host offering less than its own part needs: ask fails in one line with the numbers; a headless host
-    stays up, says why, and refuses a prompt in one line until a machine that can hold the model joins."""
+    stays up, says why (no joiner can take the host's own part), and refuses a prompt in one line."""
     p = sfchat("ask", "hi", "--model", str(tiny_llama), "--offer-gb", "0.0001", check=False, timeout=120)
     assert p.returncode == 1 and p.stderr.strip().endswith("it offers 0.1 MB"), p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     p = sfchat("host", "--headless", "--model", str(tiny_llama), "--offer-gb", "0.0001", "--listen", "127.0.0.1:0",
                "--draft", "none", input="hello\n/quit\n", timeout=120)
-    assert "it offers 0.1 MB; prompts are refused until a machine that can hold the rest joins" in p.stderr
+    assert "it offers 0.1 MB; a joiner cannot help" in p.stderr and "start the host with more (--offer-gb)" in p.stderr
     assert "refused: the host needs" in p.stderr and not p.stdout.strip(), p.stderr
 
 
@@ -198,7 +198,8 @@ def test_local_peers_get_the_token_by_environment_not_argv(tiny_llama):
 def test_a_host_on_every_interface_says_so(tiny_llama):
     p = sfchat("host", "--headless", "--model", str(tiny_llama), "--listen", "0.0.0.0:0", input="/quit\n")
     head = next(line for line in p.stderr.splitlines() if line.startswith("sfchat host on "))
-    assert re.fullmatch(r"sfchat host on 0\.0\.0\.0:\d+ \(every network interface\)\. On each other machine run:",
+    assert re.fullmatch(r"sfchat host on 0\.0\.0\.0:\d+ \(every network interface\) \(cpu, \w+\)\. "
+                        r"On each other machine run:",
                         head), head
 
 
