@@ -25,6 +25,8 @@ FACE = {
     "context_limit": "peers.conversation.context",
     "generate": "peers.speculation.generate", "SamplingParams": "peers.speculation.sampling",
     "KPolicy": "peers.speculation.adaptive", "MAX_NODES": "peers.base.limits",
+    **{name: "peers.speculation.grammar" for name in ("Grammar", "GrammarError", "json_grammar", "lark_grammar",
+                                                              "JSON_STYLE")},
     # drafters
     "Drafter": "peers.speculation.drafting", "make_drafter": "peers.speculation.drafting",
     "shipped_draft": "peers.speculation.drafting", "is_distilled": "peers.speculation.drafting",

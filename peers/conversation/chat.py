@@ -32,9 +32,10 @@ def eos_ids(model_dir: Path, config, tokenizer) -> set[int]:
     return ids
 
 
-def render(tokenizer, messages: list[dict]) -> list[int]:
-    """The model's chat template over the messages, generation prompt added; no system prompt of ours."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def render(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The model's chat template over the messages (and the tools it may call), generation prompt added; no system
+    prompt of ours."""
+    out = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
     return list(out["input_ids"] if not isinstance(out, list) else out)
 
 

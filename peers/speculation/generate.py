@@ -119,7 +119,8 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
         try:
             # rounds in flight after plain rounds: the first brings the prompt's logits, and a few more tell the
             # policy what a pass costs
-            if plain and policy.rounds >= WARM_ROUNDS and host.committed(rs) and _can_fly(host, drafter, policy):
+            if plain and policy.rounds >= WARM_ROUNDS and host.committed(rs) and params.grammar is None \
+                    and _can_fly(host, drafter, policy):  # (a grammar's state follows one answer's rounds)
                 flight = Flight(host, rs, drafter, params, policy, eos, tokens)
                 if await flight.run(max_new_tokens - (len(tokens) - start),
                                     lambda r, new: report(r, new, flight.logprobs), should_stop):
@@ -181,6 +182,8 @@ class Speculation:
         draft, hidden_ms = await self._draft(tokens, k, floor, as_tree)
         draft_ms = (time.perf_counter() - t0) * 1e3
         pending = len(tokens) - self.host.committed(self.rs)  # tokens the ring lacks, carried before the drafts
+        if self.params.grammar is not None:  # no position spent on a token the grammar refuses
+            draft = self.params.grammar.fit(draft)
         by_confidence = floor > 0 and (self.params.greedy or as_tree)
         if by_confidence:  # as many of the likeliest drafts as the pass costs of this ring make worth it
             draft = draft.likeliest(self.policy.select(draft.sure, pending))
@@ -257,6 +260,8 @@ class Speculation:
 
     def _verify(self, logits: torch.Tensor, draft: Draft, position: int) -> tuple[list[int], int]:
         """The accepted path through the drafts and the target's own next token."""
+        if self.params.grammar is not None:  # each row masked where the grammar stands (peers/speculation/grammar.py)
+            return self.params.grammar.verify(logits, draft, self.params, position)
         if self.params.greedy:
             return verify_greedy(self.rs.best, draft.tokens, draft.parents)  # the argmax came with the logits
         # the target's draw at each position is its own, keyed by (seed, position), whatever the draft's q: a

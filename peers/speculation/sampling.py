@@ -32,6 +32,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     logprobs: int | None = None  # None: none; n: each committed token's log-probability and the n likeliest there
+    grammar: object | None = None  # an answer's peers.speculation.grammar.Grammar: what every token must follow
 
     def __post_init__(self):
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:

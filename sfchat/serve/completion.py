@@ -69,7 +69,7 @@ class CompletionResponse:
             if kind == "text":
                 body = s.content(*value)
             elif kind == "done":
-                body = s.finish(value.finish, value.stats)
+                body = s.finish(value.finish, value.stats, value.tool_calls)
                 if s.include_usage:
                     body += s.usage(self.usage(value.completion_tokens))
                 body += DONE
@@ -90,7 +90,8 @@ class CompletionResponse:
                 continue
             if kind == "done":
                 status, body = 200, self.stream.whole("".join(parts), value.finish,
-                                                      self.usage(value.completion_tokens), value.stats, lps)
+                                                      self.usage(value.completion_tokens), value.stats, lps,
+                                                      value.tool_calls)
             else:
                 status, body = value.status, value.body()
             await send({"type": "http.response.start", "status": status,

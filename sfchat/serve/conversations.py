@@ -16,12 +16,14 @@ from peers import Drafter
 from peers import RingError
 from peers import generate
 from peers import SamplingParams
+from peers import Grammar, GrammarError, json_grammar, lark_grammar
 
 from sfchat.options import AnswerOptions
 
 from .errors import ApiError
 from .request import ChatRequest
 from .stops import StopFilter
+from .tools import OPEN, check_template, split_calls, template_messages
 
 log = logging.getLogger("sfchat.serve")
 
@@ -32,13 +34,15 @@ class Job:
     prompt: list[int]
     max_new: int
     params: SamplingParams
+    grammar: str | None = None  # what the answer must follow (response_format), as llguidance reads it
 
 
 @dataclass
 class Outcome:
-    finish: str  # stop, length
+    finish: str  # stop, length, tool_calls
     completion_tokens: int
     stats: dict = field(default_factory=dict)
+    tool_calls: list[dict] | None = None  # OpenAI's shape, arguments as JSON text
 
 
 class Conversations:
@@ -59,8 +63,14 @@ class Conversations:
     def prepare(self, req: ChatRequest, text: str | None = None) -> Job:
         """Render and check the request before any answer starts (400 context_length_exceeded: no room left).
         text: a legacy completion's prompt, tokenized as it is (no chat template)."""
+        messages = template_messages(req.messages)
         try:
-            prompt = render(self.tokenizer, req.messages) if text is None else self.tokenizer(text)["input_ids"]
+            if req.tools is not None:
+                check_template(self.tokenizer, messages, req.tools)
+            prompt = render(self.tokenizer, messages, req.tools.for_template() if req.tools else None) \
+                if text is None else self.tokenizer(text)["input_ids"]
+        except ApiError:
+            raise
         except Exception as e:  # a template that rejects the message order, for one
             raise ApiError(400, f"the model's chat template rejects these messages: {e}", param="messages") from None
         if not prompt:
@@ -78,7 +88,22 @@ class Conversations:
         greedy = temperature == 0 or top_p == 0
         params = SamplingParams(0.0 if greedy else temperature, self.answer.top_k, 1.0 if greedy else top_p,
                                 self.answer.seed if req.seed is None else req.seed, logprobs=req.top_logprobs)
-        return Job(req, prompt, req.max_tokens or room, params)
+        return Job(req, prompt, req.max_tokens or room, params, self._grammar(req))
+
+    @staticmethod
+    def _grammar(req: ChatRequest) -> str | None:
+        """What the answer must follow: response_format's JSON, or a call of one of the tools."""
+        call = req.tools.lark() if req.tools is not None else None
+        if call is not None and req.json_schema is not None:
+            raise ApiError(400, "a required tool call and response_format cannot both shape one answer",
+                           param="tool_choice")
+        try:
+            if call is not None:
+                return lark_grammar(call)
+            return json_grammar(req.json_schema) if req.json_schema is not None else None
+        except GrammarError as e:
+            param = "tools" if call is not None else "response_format"
+            raise ApiError(400, f"{param}: this JSON schema cannot be followed: {e}", param=param) from None
 
     async def ring_ready(self) -> None:
         """Wait out a re-plan in progress; 503 if it takes longer than replan_wait_s."""
@@ -124,6 +149,8 @@ class Conversations:
 
     async def _generate(self, job: Job, rs, emit) -> Outcome:
         text, stops = TextStream(self.tokenizer), StopFilter(job.request.stop)
+        # a call's text is held back from the first <tool_call>: it goes out as tool_calls if it parses
+        calls = StopFilter((OPEN,) if job.request.tools is not None else ())
         want = job.params.logprobs is not None
         held: list[dict] = []  # logprobs entries not sent yet: they go with the next piece of text
 
@@ -135,9 +162,12 @@ class Conversations:
             if ev.get("event") == "round":
                 self.open[rs.sid] += len(ev["new"])
                 held.extend(self._entries(ev["logprobs"]))
-                if piece := stops.push(text.push(ev["new"])):
+                if piece := stops.push(calls.push(text.push(ev["new"]))):
                     out(piece)
 
+        if job.grammar is not None:  # (the first one reads the tokenizer's vocabulary: a second, off the loop)
+            job.params.grammar = await trio.to_thread.run_sync(Grammar, self.tokenizer, job.grammar,
+                                                               self.host.config.vocab_size)
         drafter = self.drafter.fork()  # (a static draft lends itself, graphs and all, to one answer at a time)
         try:
             result = await generate(self.host, rs, list(job.prompt), drafter=drafter, params=job.params,
@@ -149,10 +179,16 @@ class Conversations:
             drafter.close()
         # what the stream held back (a character half decoded when the answer ended) goes out as the full decode has it
         full = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        if (tail := stops.push(full[len(text.text):]) + stops.flush()) or held:
+        tail = calls.push(full[len(text.text):])
+        found = split_calls(full) if calls.hit else None
+        if not found:  # no call, or text that is none after all: it is the answer's text
+            tail += calls.flush() + (full[full.index(OPEN):] if calls.hit else "")
+        if (tail := stops.push(tail) + stops.flush()) or held:
             out(tail)
         s = result.stats.summary()
         stats = {k: s[k] for k in ("tokens_per_round", "acceptance", "tokens_per_second", "rounds", "drafted",
                                    "accepted")} | {"drafter": self.drafter.name}
+        if found:
+            return Outcome("tool_calls", len(result.token_ids), stats, found[1])
         return Outcome("length" if result.finish == "length" and not stops.hit else "stop", len(result.token_ids),
                        stats)

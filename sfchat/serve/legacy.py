@@ -28,6 +28,9 @@ def parse_legacy(raw: bytes) -> tuple[ChatRequest, str]:
         raise bad("'prompt' must be a string (one prompt per request; token lists are not supported)", "prompt")
     if body.get("logprobs") is not None:  # the legacy form (an int): only chat completions will have logprobs
         raise bad("'logprobs' is not supported on /v1/completions", "logprobs")
+    for key in ("tools", "tool_choice"):
+        if body.get(key) is not None:
+            raise bad(f"'{key}' is only served on /v1/chat/completions", key)
     req = parse_fields(body, messages=[])
     if req.max_tokens is None:
         req = replace(req, max_tokens=DEFAULT_MAX_TOKENS)
@@ -52,14 +55,15 @@ class TextStream(Stream):
     def content(self, text: str, logprobs: list | None = None) -> bytes:  # (refused here: always None)
         return self.chunk(text)
 
-    def finish(self, reason: str, stats: dict) -> bytes:
+    def finish(self, reason: str, stats: dict, tool_calls: list[dict] | None = None) -> bytes:  # (no tools here)
         return self.chunk("", reason, sfchat=stats)
 
     def usage(self, usage: dict) -> bytes:
         return event({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                       "system_fingerprint": None, "choices": [], "usage": usage})
 
-    def whole(self, text: str, reason: str, usage: dict, stats: dict, logprobs: list | None = None) -> dict:
+    def whole(self, text: str, reason: str, usage: dict, stats: dict, logprobs: list | None = None,
+              tool_calls: list[dict] | None = None) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "system_fingerprint": None,
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],

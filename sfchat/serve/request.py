@@ -5,10 +5,11 @@ import json
 import math
 from dataclasses import dataclass
 
+from . import tools as tool_calls
 from .errors import ApiError
 from .unsupported import refuse_unsupported
 
-ROLES = {"system", "user", "assistant", "developer"}  # developer: OpenAI's newer name for system
+ROLES = {"system", "user", "assistant", "developer", "tool"}  # developer: OpenAI's newer name for system
 MAX_STOPS = 4
 MAX_TOP_LOGPROBS = 20
 
@@ -26,6 +27,8 @@ class ChatRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     top_logprobs: int | None = None  # None: no logprobs; n (0..20): each token's and the n likeliest there
+    json_schema: dict | None = None  # response_format: the schema the answer's JSON follows (None: free text)
+    tools: tool_calls.Tools | None = None  # the functions the model may call, and tool_choice
 
 
 def bad(message: str, param: str | None = None) -> ApiError:
@@ -75,7 +78,27 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise bad(f"messages[{i}] needs a role of {', '.join(sorted(ROLES))}", f"messages[{i}].role")
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _content(m, i)})
+        one = {"role": role, "content": _content(m, i)}
+        if role == "tool":  # a call's result, fed back
+            one["tool_call_id"] = m.get("tool_call_id") if isinstance(m.get("tool_call_id"), str) else ""
+        if role == "assistant" and m.get("tool_calls"):
+            one["tool_calls"] = _calls(m["tool_calls"], i)
+        out.append(one)
+    return out
+
+
+def _calls(calls, i: int) -> list[dict]:
+    """An assistant message's tool_calls, as OpenAI sends them back: arguments a JSON string."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise bad(f"{where} must be a list", where)
+    out = []
+    for c in calls:
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(f.get("arguments"), str):
+            raise bad(f"{where}: each call needs a function with a name and arguments (a JSON string)", where)
+        out.append({"id": str(c.get("id", "")), "type": "function",
+                    "function": {"name": f["name"], "arguments": f["arguments"]}})
     return out
 
 
@@ -100,6 +123,30 @@ def _logprobs(body: dict) -> int | None:
         if not on:
             raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return (top or 0) if on else None
+
+
+def _response_format(body: dict) -> dict | None:
+    """`response_format`: text (None), json_object (any JSON object) or json_schema (its `schema`)."""
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise bad("'response_format' must be an object with a type of text, json_object or json_schema",
+                  "response_format")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    spec = rf.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise bad("'response_format.json_schema' must be an object with a 'name' and a 'schema'",
+                  "response_format.json_schema")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise bad("'response_format.json_schema.schema' must be a JSON schema (an object)",
+                  "response_format.json_schema.schema")
+    return schema
 
 
 def parse(raw: bytes) -> ChatRequest:
@@ -130,4 +177,5 @@ def parse_fields(body: dict, messages: list[dict]) -> ChatRequest:
     return ChatRequest(model=body["model"], messages=messages, stream=stream,
                        include_usage=bool(options.get("include_usage")), max_tokens=max_tokens, max_tokens_param=param,
                        temperature=_number(body, "temperature", 0, 2, None), top_p=_number(body, "top_p", 0, 1, None),
-                       seed=None if seed is None else seed % 2**31, stop=_stop(body), top_logprobs=top_logprobs)
+                       seed=None if seed is None else seed % 2**31, stop=_stop(body), top_logprobs=top_logprobs,
+                       json_schema=_response_format(body), tools=tool_calls.parse(body))

@@ -42,11 +42,14 @@ class Stream:
     def content(self, text: str, logprobs: list | None = None) -> bytes:
         return self.chunk({"content": text}, logprobs=logprobs)
 
-    def finish(self, reason: str, stats: dict) -> bytes:
-        return self.chunk({}, reason, sfchat=stats)
+    def finish(self, reason: str, stats: dict, tool_calls: list[dict] | None = None) -> bytes:
+        """The last chunk; before it, the answer's tool calls in one chunk (each whole, with its index)."""
+        calls = self.chunk({"tool_calls": [{"index": i} | c for i, c in enumerate(tool_calls)]}) if tool_calls else b""
+        return calls + self.chunk({}, reason, sfchat=stats)
 
-    def whole(self, text: str, reason: str, usage: dict, stats: dict, logprobs: list | None = None) -> dict:
-        return completion(self, text, reason, usage, stats, logprobs)
+    def whole(self, text: str, reason: str, usage: dict, stats: dict, logprobs: list | None = None,
+              tool_calls: list[dict] | None = None) -> dict:
+        return completion(self, text, reason, usage, stats, logprobs, tool_calls)
 
     def usage(self, usage: dict) -> bytes:
         return event({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -58,9 +61,12 @@ def _logprobs(entries: list | None) -> dict | None:
     return None if entries is None else {"content": entries, "refusal": None}
 
 
-def completion(s: Stream, text: str, reason: str, usage: dict, stats: dict, logprobs: list | None = None) -> dict:
+def completion(s: Stream, text: str, reason: str, usage: dict, stats: dict, logprobs: list | None = None,
+               tool_calls: list[dict] | None = None) -> dict:
+    message = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:  # (content null when the answer is only calls, as OpenAI sends it)
+        message |= {"content": text or None, "tool_calls": tool_calls}
     return {"id": s.id, "object": "chat.completion", "created": s.created, "model": s.model,
             "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                         "logprobs": _logprobs(logprobs), "finish_reason": reason}],
+            "choices": [{"index": 0, "message": message, "logprobs": _logprobs(logprobs), "finish_reason": reason}],
             "usage": usage, "sfchat": stats}

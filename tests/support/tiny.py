@@ -12,6 +12,17 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# a template that shows the model tools and teaches the <tool_call> form, as Qwen2.5's and Hermes' do
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "</tools>\nTo call one, answer with <tool_call>\n{\"name\": <name>, \"arguments\": <object>}\n</tool_call>"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n"
+    "</tool_response><|im_end|>\n{% elif m.get('tool_calls') %}<|im_start|>assistant\n{% for c in m['tool_calls'] %}"
+    "<tool_call>\n{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}\n"
+    "</tool_call>{% endfor %}<|im_end|>\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
     "hello world, this is a tiny tokenizer for tests of a ring of peers",
