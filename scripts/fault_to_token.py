@@ -3,6 +3,10 @@ killed (SIGKILL) or stopped (SIGSTOP); the seconds from the fault to the next ro
 answer checked against an undisturbed one. A fresh ring for each trial.
 
     python scripts/fault_to_token.py [--model smollm2-135m] [--trials 3] [--faults kill,stop] [--peers 2]
+                                     [--placement memory]
+
+The victim is a member that holds layers (placement by speed may leave one out as a spare on a small machine:
+--placement memory, the default here, gives every member its share).
 
 Prints one line per trial, then p50/p99/max per fault (docs/reliability.md).
 """
@@ -27,7 +31,7 @@ from peers.host.host import Host  # noqa: E402
 from peers.speculation.adaptive import KPolicy  # noqa: E402
 from peers.speculation.drafting import Drafter  # noqa: E402
 from peers.speculation.sampling import SamplingParams  # noqa: E402
-from sfchat.local import LocalPeers  # noqa: E402
+from sfchat.local import LocalPeers, local_name  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper."
 
@@ -40,8 +44,9 @@ async def answer(host, on_round=None, n=48) -> list[int]:
     return r.token_ids
 
 
-async def trial(model: str, fault: str, n_peers: int, reference: list[int] | None) -> tuple[float, bool, list]:
-    host = Host(HostOptions(model), say=lambda *a: None)
+async def trial(model: str, fault: str, n_peers: int, reference: list[int] | None,
+                placement: str) -> tuple[float, bool, list]:
+    host = Host(HostOptions(model, placement=placement), say=lambda *a: None)
     async with trio.open_nursery() as nursery:
         await nursery.start(host.serve)
         host.auto_replan = True
@@ -51,7 +56,8 @@ async def trial(model: str, fault: str, n_peers: int, reference: list[int] | Non
             if reference is None:
                 reference = await answer(host)
             rounds, at, back = 0, None, None
-            victim = random.choice(lp.procs)
+            holding = {m.name for m in host.members if m.span is not None}
+            victim = random.choice([p for i, p in enumerate(lp.procs) if local_name(i) in holding])
 
             def on_round(ev):
                 nonlocal rounds, at, back
@@ -78,11 +84,12 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--faults", default="kill,stop")
     p.add_argument("--peers", type=int, default=2)
+    p.add_argument("--placement", default="memory", choices=("memory", "speed"))
     a = p.parse_args()
     reference, took = None, {}
     for fault in a.faults.split(","):
         for i in range(a.trials):
-            back, exact, reference = trio.run(trial, a.model, fault, a.peers, reference)
+            back, exact, reference = trio.run(trial, a.model, fault, a.peers, reference, a.placement)
             took.setdefault(fault, []).append(back)
             print(f"{fault} {i + 1}: next token {back:.2f} s after the fault, answer {'exact' if exact else 'WRONG'}",
                   flush=True)

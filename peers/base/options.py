@@ -16,7 +16,7 @@ class HostOptions:
     quant: str = "auto"
     offer_gb: float | None = None  # the host's own share; None: what is free
     heartbeat_s: float = 0.5
-    dead_after_s: float = 3.0  # a member silent this long is lost (never sooner than 5x its p99 pong: roster.py)
+    dead_after_s: float = 2.5  # a member silent this long is lost (never sooner than 5x its p99 pong: roster.py)
     tls: bool = False
     relay: str | None = None  # also reachable through this relay
     max_context: int | None = None  # None: the model's limit, capped

@@ -137,7 +137,8 @@ def int4_rows(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     scale = ((hi - lo) / 15).to(COMPUTE)
     zero = (lo + 8 * scale.float()).to(COMPUTE)
     s, z = scale.float()[..., None], zero.float()[..., None]
-    q = torch.where(s > 0, (g - z) / s.clamp_min(1e-30) + 8, torch.full_like(g, 8)).round().clamp(0, 15)
+    s = torch.where(s > 0, s, torch.inf)  # a flat group: every code 8 (its value is the zero)
+    q = g.sub(z).div_(s).add_(8).round_().clamp_(0, 15)  # in place: a load quantizes millions of weights
     return q.to(torch.int32).reshape(n, k), torch.stack([scale, zero], -1).transpose(0, 1)
 
 
@@ -145,7 +146,7 @@ def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows [n, k] -> (int8 [n, k], bfloat16 scale per row [n]): w = q * scale, symmetric."""
     scale = (w.abs().amax(-1) / 127).to(COMPUTE)
     s = scale.float()[:, None]
-    q = torch.where(s > 0, w / s.clamp_min(1e-30), torch.zeros_like(w)).round().clamp(-127, 127)
+    q = w.div(torch.where(s > 0, s, torch.inf)).round_().clamp_(-127, 127)  # a zero row: codes 0
     return q.to(torch.int8), scale
 
 

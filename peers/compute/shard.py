@@ -7,6 +7,7 @@ The first stage also holds the token embedding; the host's shard also holds the 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -48,14 +49,29 @@ def rollback_cache(config) -> DynamicCache:
     return cache
 
 
+@dataclass
+class Kept:
+    """What a shard hands the next one on the same process: its loaded layers by index, its embedding and head,
+    and what they were loaded as. A re-plan that moves a span's ends then reads and quantizes only the layers the
+    new span lacks (a member lost: the others take its layers on in about the time their own would take)."""
+
+    loaded_as: tuple  # (model_dir, dtype, quant, device)
+    layers: dict[int, torch.nn.Module]
+    embed: torch.nn.Module | None = None
+    norm: torch.nn.Module | None = None
+    lm_head: torch.nn.Module | None = None
+
+
 class Shard:
     def __init__(self, model_dir: Path, span: Span, *, embed: bool, head: bool,
                  dtype: str = "float32", quant: str = "none", device: str = "cpu", graphs: bool = True,
-                 padded: bool = False, context: int | None = None, conversations: int = CONVERSATIONS):
+                 padded: bool = False, context: int | None = None, conversations: int = CONVERSATIONS,
+                 kept: Kept | None = None):
         """graphs: capture CUDA graphs of short passes where the device is a GPU. padded: run short passes as
         the graphs do (padded to their bucket, over the whole room) even where nothing is captured, which is
         how a CPU checks that path. context, conversations: the KV arena's rows (peers/compute/kv.py), as planned;
-        context None: the model's own limit, capped at MAX_CONTEXT."""
+        context None: the model's own limit, capped at MAX_CONTEXT. kept: the previous shard's parts (Shard.keep),
+        used where they were loaded the same way."""
         self.config = config = load_config(model_dir)
         if config.num_hidden_layers != span.n_layers:
             raise ModelError(f"model has {config.num_hidden_layers} layers, plan says {span.n_layers}")
@@ -88,6 +104,8 @@ class Shard:
             if quant not in quantization.KINDS:
                 raise ModelError(f"--quant {quant} runs on a CPU only; on CUDA use --quant nf4 or int8")
             quantization.swap_linears(self.layers, quant, self.dtype)
+        self.loaded_as = (Path(model_dir), dtype, quant, str(self.device))
+        self._reuse(kept if kept is not None and kept.loaded_as == self.loaded_as else None)
         self._load(model_dir)
         use_columns(self.layers, self.lm_head)  # on a CPU, the head's few rows at the memory's full speed
         if self.embed is not None:
@@ -104,22 +122,44 @@ class Shard:
         if self.graphs is not None:
             self.graphs.close()
 
+    def keep(self, span: Span, embed: bool, head: bool) -> Kept:
+        """The parts a next shard of `span` (with the embedding, the head) can use; the rest goes with this one."""
+        layers = {i: layer for i, layer in zip(range(self.span.start, self.span.end), self.layers)
+                  if span.start <= i < span.end}
+        return Kept(self.loaded_as, layers, self.embed if embed else None, *((self.norm, self.lm_head) if head
+                                                                             else (None, None)))
+
+    def _reuse(self, kept: Kept | None) -> None:
+        """Put the kept parts in place of the meta-device ones; _wanted() then leaves them out."""
+        parts = []
+        for i, layer in (kept.layers.items() if kept is not None else ()):
+            if self.span.start <= i < self.span.end:
+                self.layers[i - self.span.start] = layer
+                parts.append(layer)
+        if kept is not None and self.embed is not None and kept.embed is not None:
+            self.embed = kept.embed
+            parts.append(self.embed)
+        if kept is not None and self.lm_head is not None and kept.lm_head is not None:
+            self.norm, self.lm_head = kept.norm, kept.lm_head
+            parts += [self.norm, self.lm_head]
+        self.reused = {id(m) for m in parts}
+
     def _wanted(self) -> dict[str, tuple[torch.nn.Module, str]]:
         """checkpoint tensor name -> (module, parameter name in that module)"""
         want = {}
         for i, layer in zip(range(self.span.start, self.span.end), self.layers):
-            for n, _ in layer.named_parameters():
+            for n, _ in layer.named_parameters() if id(layer) not in self.reused else ():
                 want[f"model.layers.{i}.{n}"] = (layer, n)
-        if self.embed is not None:
+        if self.embed is not None and id(self.embed) not in self.reused:
             want["model.embed_tokens.weight"] = (self.embed, "weight")
-        if self.norm is not None:
+        if self.norm is not None and id(self.norm) not in self.reused:
             want["model.norm.weight"] = (self.norm, "weight")
         return want
 
     def _load(self, model_dir: Path) -> None:
         files = weight_files(model_dir)  # every tensor's file, from the index (only this shard's need be here)
         want = self._wanted()
-        if self.lm_head is not None:
+        if self.lm_head is not None and id(self.lm_head) not in self.reused:
             # a tied head is not stored: it *is* the embedding matrix (leaving it unset gives garbage text)
             head_key = "lm_head.weight" if "lm_head.weight" in files else "model.embed_tokens.weight"
             if head_key not in files:

@@ -26,7 +26,7 @@ from peers.base.options import PeerOptions
 from peers.member.passes import DataPlane
 from peers.base.limits import CONVERSATIONS
 from peers.base.span import Span
-from peers.compute.shard import Shard
+from peers.compute.shard import Kept, Shard
 from peers.links.tls import Endpoint as TLSEndpoint
 from peers.models.fingerprint import config_fingerprint
 
@@ -177,10 +177,10 @@ class Peer:
         except ChannelClosed:
             pass
 
-    def _load(self, model_dir, span: Span, room: tuple[int | None, int]) -> Shard:
+    def _load(self, model_dir, span: Span, room: tuple[int | None, int], kept: Kept | None = None) -> Shard:
         injected_failure(self.name, "load", self.device)
         return Shard(model_dir, span, embed=False, head=False, dtype=self.dtype, quant=self.quant_now,
-                     device=self.device, graphs=self.graphs, context=room[0], conversations=room[1])
+                     device=self.device, graphs=self.graphs, context=room[0], conversations=room[1], kept=kept)
 
     def _memory(self) -> dict:
         now, peak = usage(self.device)
@@ -245,14 +245,17 @@ class Peer:
             span, model_dir, *room)
         if not same:
             await self._fetch(source, span, ctl)  # what this span lacks; the old span serves until it is here
+            kept = None
             if shard is not None:
+                kept = shard.keep(span, embed=False, head=False)  # its layers the new span has: not read again
                 shard.close()
-            self.shard = shard = None  # free the old span (and the caches of its layers) before loading the new one
+            self.shard = shard = None  # free the rest of the old span (and its caches) before loading the new one
             self.data.sessions.clear()
             give_back(self.device)
             self.base_bytes = usage(self.device)[0]
             t0 = time.monotonic()
-            self.shard = await trio.to_thread.run_sync(self._load, model_dir, span, room)
+            self.shard = await trio.to_thread.run_sync(self._load, model_dir, span, room, kept)
+            del kept
             self.shard_dir = model_dir
             log.info("loaded layers %s in %.2f s", span, time.monotonic() - t0)
 

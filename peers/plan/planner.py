@@ -222,14 +222,17 @@ class Planner:
             self._leave_out(bad)
             return False
         if self.shard is None or self.shard.span != spans[0]:
+            kept = None
             if self.shard is not None:
+                kept = self.shard.keep(spans[0], embed=True, head=True)  # what the new span has: not read again
                 self.shard.close()
-            self.shard = None  # free the old span before loading the new one
+            self.shard = None  # free the rest of the old span before loading the new one
             give_back(t.device)
             self.shard = await trio.to_thread.run_sync(
                 lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
                               device=t.device, graphs=t.graphs, context=t.max_context,
-                              conversations=t.conversations))
+                              conversations=t.conversations, kept=kept))
+            del kept
         if (old := self.first_hop) is not None:
             self.first_hop = None  # (first: its watcher says nothing of a link closed here)
             await old.aclose()

@@ -21,6 +21,7 @@ from peers.links.control import ControlLink
 from peers.base.span import Span
 
 log = logging.getLogger("sfchat.host")
+CHECK_S = 0.1  # how often the heartbeat looks for a member silent past its limit
 
 
 
@@ -193,13 +194,17 @@ class Roster:
 
         A host held up itself (a model loading on its event loop, a long pause of the process) has not read what its
         members sent meanwhile: their silence over that time is the host's, and each gets a fresh window."""
-        last = time.monotonic()
+        last = next_ping = time.monotonic()
+        tick = min(self.heartbeat_s, CHECK_S)  # silence is checked more often than pings go: lost on time
         while True:
             now = time.monotonic()
             if now - last > 2 * self.heartbeat_s:
                 for m in self.members:
                     m.last_seen = now
             last = now
+            ping = now >= next_ping
+            if ping:
+                next_ping = now + self.heartbeat_s
             for m in list(self.members):
                 if m.state == "lost":
                     continue
@@ -207,10 +212,11 @@ class Roster:
                     await self.lose(m, f"no heartbeat for {now - m.last_seen:.1f} s")
                     continue
                 try:
-                    await m.ctl.send({"t": "ping", "n": time.perf_counter()})
+                    if ping:
+                        await m.ctl.send({"t": "ping", "n": time.perf_counter()})
                 except ChannelClosed:
                     await self.lose(m, "its control link broke")
-            await trio.sleep(self.heartbeat_s)
+            await trio.sleep(tick)
 
     def out_of_memory(self, member_id: object, error: str) -> None:
         """A member ran out of memory in a pass (its failure came round the ring): planned out from now on."""
