@@ -13,7 +13,8 @@ import trio
 
 from peers.compute import device
 from peers.wire import schema as validate, codec as wire
-from peers.links.channel import Channel, ChannelClosed, ChannelIdle
+from peers.links.channel import Channel, ChannelClosed
+from peers.links.liveness import watched
 from peers.base.errors import MemberLeft, RingError
 
 
@@ -27,12 +28,10 @@ class ReturnLink:
 
     async def serve(self, ch: Channel) -> None:
         """The last hop's results come back here; hand each to the pass waiting for it."""
+        watched(ch)  # the last member keeps it alive: silence means a dead link, FIN or not
         while True:
-            try:
-                msg = await ch.recv(into=self._landing)
-            except ChannelIdle:  # an idle ring keeps its links (keepalive says if the other side is gone)
-                continue
-            if msg["t"] == "cancel":  # the host's own cancel, come round the ring: every member has it
+            msg = await ch.recv(into=self._landing)
+            if msg["t"] in ("cancel", "ka"):  # the host's own cancel, come round the ring: every member has it
                 continue
             if msg["t"] not in ("fwd", "fail"):
                 raise wire.WireError(f"unexpected {msg['t']!r} on the return link")

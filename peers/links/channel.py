@@ -43,6 +43,9 @@ class Channel:
         self.read_timeout = read_timeout
         self.decoder = wire.FrameDecoder(max_frame)
         self.send_lock = trio.Lock()
+        self.between_bytes = False  # True: read_timeout is silence between bytes, not the time to a whole message
+        self.last_sent = 0.0  # trio's clock (peers/links/liveness.py: a data link's writer keeps it alive)
+        self.closed = False
         tune(stream)
 
     async def send(self, msg: dict, timeout: float | None = None) -> None:
@@ -61,8 +64,10 @@ class Channel:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
                     raise ChannelClosed(f"{self.name}: {e}") from None
             if scope.cancelled_caught:
+                self.closed = True
                 await trio.aclose_forcefully(self.stream)
                 raise ChannelClosed(f"{self.name}: a send made no progress for {limit:.0f} s")
+            self.last_sent = trio.current_time()
 
     async def recv(self, timeout: float | None = None, into=None) -> dict:
         """The next message; raises ChannelClosed on EOF or timeout, WireError on a malformed frame.
@@ -74,8 +79,10 @@ class Channel:
         limit = math.inf if limit is None else limit
         dec = self.decoder
         dec.into = into
-        with trio.move_on_after(limit):
+        with trio.move_on_after(limit) as scope:
             while True:
+                if self.between_bytes:
+                    scope.deadline = trio.current_time() + limit
                 try:
                     if (place := dec.landing()) is not None:
                         n = await self._receive_into(place)
@@ -108,6 +115,7 @@ class Channel:
         await self.aclose()
 
     async def aclose(self) -> None:
+        self.closed = True
         with trio.move_on_after(1):
             try:
                 await self.stream.aclose()

@@ -21,7 +21,8 @@ import trio
 from peers.compute import device, kv
 from peers.wire import tensors, schema as validate, codec as wire
 from peers.links.auth import AuthError, server_handshake
-from peers.links.channel import Channel, ChannelClosed, ChannelIdle, idle_s
+from peers.links.channel import Channel, ChannelClosed, idle_s
+from peers.links.liveness import watched
 from peers.compute.memory import injected_failure, is_oom, oom_line
 from peers.compute.runtime import RUNTIME, Pinned
 from peers.compute.shard import Shard
@@ -67,6 +68,7 @@ class DataPlane:
         try:
             hello = await server_handshake(ch, self.peer.token)
             epoch = hello.get("epoch") if isinstance(hello.get("epoch"), int) else None
+            watched(ch)  # its writer keeps it alive: silence means a dead link, FIN or not
             queued, frames = trio.open_memory_channel(READ_AHEAD)
             error = None
             async with trio.open_nursery() as nursery:
@@ -100,9 +102,8 @@ class DataPlane:
         async with queued:
             try:
                 while True:
-                    try:
-                        msg = await ch.recv(into=self._landing)
-                    except ChannelIdle:  # an idle ring keeps its links (keepalive says if the other side is gone)
+                    msg = await ch.recv(into=self._landing)
+                    if msg["t"] == "ka":
                         continue
                     if msg["t"] == "cancel":
                         await self._cancel(msg)

@@ -17,6 +17,7 @@ from peers.models import hub, source as models
 from peers.links import dial as links
 from peers.wire import schema as validate, codec as wire
 from peers.links.auth import AuthError, client_handshake
+from peers.links.liveness import keep_alive
 from peers.links.channel import Channel, ChannelClosed
 from peers.links.control import ControlLink
 from peers.base.errors import CannotServe, ModelError
@@ -222,6 +223,7 @@ class Peer:
             await client_handshake(nch, self.token, "data", epoch=epoch)
             self.data.next = nch
             self.nursery.start_soon(self.data.watch_next, nch, epoch)
+            self.nursery.start_soon(keep_alive, nch)  # its reader takes silence for a dead link
         self.epoch = epoch
         self._changed(state="ready", next_hop=nxt, sessions=0)
 

@@ -16,6 +16,7 @@ import trio
 from peers.models import hub, source as models
 from peers.links import dial as links
 from peers.links.auth import AuthError, client_handshake
+from peers.links.liveness import keep_alive
 from peers.links.channel import Channel, ChannelClosed
 from peers.wire.codec import WireError
 from peers.base.errors import FitError, ModelError, RingError
@@ -252,6 +253,7 @@ class Planner:
         self.ring, self.epoch = ring, epoch
         if self.first_hop is not None and self.nursery is not None:
             self.nursery.start_soon(self._watch, self.first_hop, epoch)
+            self.nursery.start_soon(keep_alive, self.first_hop)  # the first member takes silence for a dead link
         spares = [m for m in live if m.state == "spare"]
         log.info("ring epoch %d: host %s%s%s; %s placement%s", epoch, spans[0],
                  "".join(f" -> member {m.id} {m.span}" for m in ring),

@@ -16,9 +16,6 @@ from rich.console import Console
 from transformers import AutoTokenizer
 
 from sfchat import settings, store
-from sfchat.cli import parser
-from sfchat.options import ring_options
-from sfchat.tui.app import HostApp
 from sfchat.tui.screens.history import HistoryScreen
 from sfchat.tui.widgets.conversation import ChatMessage
 from sfchat.tui.widgets.prompt import PromptInput
@@ -27,28 +24,13 @@ from sfchat.tui.widgets.stats import StatsPanel
 from textual import events
 from textual.widgets import DataTable, Static
 
+from apps import SIZE, ask, host_app
 from helpers import reference_ids, until
-
-SIZE = (140, 45)
-
-
-def host_app(model, *extra: str, conv: store.Conversation | None = None) -> HostApp:
-    args = parser().parse_args(["host", "--model", str(model), "--local-peers", "1", "--listen", "127.0.0.1:0",
-                                *extra])
-    opts = ring_options(args, settings.load())
-    return HostApp(opts, settings.load(), conv or store.Conversation(temperature=opts.answer.temperature))
-
 
 async def ready(app, pilot) -> None:
     await until(pilot, lambda: app.main_screen.ready, "the ring")
     table = app.main_screen.query_one(RingPanel).query_one(DataTable)
     await until(pilot, lambda: table.row_count == 2, "two members in the ring panel")
-
-
-async def ask(app, pilot, text: str) -> ChatMessage:
-    await pilot.press(*text, "enter")
-    await until(pilot, lambda: not app.main_screen.answering, "the answer")
-    return list(app.main_screen.query(ChatMessage))[-1]
 
 
 async def echo_ms(app, prompt: PromptInput, ch: str) -> float:

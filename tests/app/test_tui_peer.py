@@ -4,24 +4,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import subprocess
-import sys
 
-from helpers import ROOT, child_env, free_port, until, wait_for_line
+from apps import headless_host
+from helpers import free_port, until
 from sfchat.cli import parser
 from sfchat.options import join_options
 from sfchat.tui.app import PeerApp
 from textual.widgets import Log, Sparkline
-
-
-def headless_host(model, port: int, token: str, tmp_path, stdout, *extra: str) -> subprocess.Popen:
-    """`sfchat host --headless` in its own process, returned once it listens (its log in tmp_path/host.log)."""
-    log = open(tmp_path / "host.log", "w")
-    host = subprocess.Popen([sys.executable, "-m", "sfchat", "host", "--headless", "--model", str(model),
-                             "--listen", f"127.0.0.1:{port}", "--token", token, *extra],
-                            stdin=subprocess.PIPE, stdout=stdout, stderr=log, text=True, cwd=ROOT, env=child_env())
-    log.close()  # the child writes through its own copy
-    wait_for_line(tmp_path / "host.log", "sfchat host on", host)
-    return host
 
 
 def test_peer_screen_follows_a_real_ring(tiny_llama, tmp_path, caplog):

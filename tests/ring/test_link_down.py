@@ -54,6 +54,15 @@ def between_members(relay, host):
     return relay.cut(links.parse_relay(host.ring[1].data_addr)[1])
 
 
+def blackholed_between_members(relay, host):
+    """Open and silent, as a cut cable or a machine asleep: no FIN, no RST, nothing."""
+    return relay.cut(links.parse_relay(host.ring[1].data_addr)[1], hole=True)
+
+
+def blackholed_to_the_first_member(relay, host):
+    return relay.cut(links.parse_relay(host.ring[0].data_addr)[1], hole=True)
+
+
 def test_a_link_closed_between_members_is_rewired_at_once(tiny_llama):
     ids, spans, after, back = trio.run(answer_with_a_cut, tiny_llama, between_members)
     assert ids == reference_ids(tiny_llama, PROMPT, N)
@@ -69,3 +78,14 @@ def test_a_link_closed_right_after_a_replan_costs_no_pass_timeout(tiny_llama):
     assert ids == reference_ids(tiny_llama, PROMPT, N)
     assert after == spans
     assert back is not None and back < 5, f"the first pass after the cut came back in {back} s"
+
+
+def test_a_blackholed_link_is_found_dead_by_its_silence_and_rewired(tiny_llama):
+    """A link that goes silent without a FIN (its writer's keepalives stop arriving) is dead to its reader after
+    2.5 s (peers/links/liveness.py): the member at its end tells the host, which re-wires; the frame that went
+    into it is not waited for until the 60-s pass timeout."""
+    for cut in (blackholed_between_members, blackholed_to_the_first_member):
+        ids, spans, after, back = trio.run(answer_with_a_cut, tiny_llama, cut)
+        assert ids == reference_ids(tiny_llama, PROMPT, N)
+        assert after == spans, "everyone was alive: the same spans"
+        assert back is not None and back < 6, f"{cut.__name__}: the first pass after the cut came back in {back} s"

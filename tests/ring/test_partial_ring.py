@@ -163,7 +163,7 @@ def reference_text(model, prompt: str, n: int) -> str:
 
 def test_the_chat_screen_answers_whole_when_its_local_peer_cannot_load(tiny_llama, monkeypatch):
     from helpers import until
-    from test_tui import SIZE, ask, host_app
+    from apps import SIZE, ask, host_app
 
     monkeypatch.setenv("SFCHAT_TEST_BREAK", "local-a:load")
     app = host_app(tiny_llama, "--temperature", "0", "--max-new-tokens", "10", "--draft", "none")
@@ -196,7 +196,7 @@ def test_the_endpoint_answers_whole_when_its_local_peer_runs_out_of_memory(tiny_
 @pytest.mark.slow
 def test_the_headless_host_answers_whole_when_a_joiner_cannot_fetch_the_model(tmp_path):
     """The case a new user met: a joiner offline with an empty model cache."""
-    from test_tui_peer import headless_host
+    from apps import headless_host
     from peers.models import source as models
 
     port, token = free_port(), "T0ken-for-the-test"

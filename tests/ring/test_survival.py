@@ -87,10 +87,11 @@ async def stall_the_host(host, lp):
 
 
 def test_a_host_held_up_itself_loses_nobody(tiny_llama):
-    """Its members answered all along: their silence was the host's own, and nobody is planned out for it."""
+    """Its members answered all along: their silence was the host's own, and nobody is planned out for it. (Its
+    data link, silent meanwhile, may be taken for dead by the first member and re-wired: the same ring.)"""
     r, events, ring = trio.run(answer_with_incident, tiny_llama, 2, stall_the_host)
     assert r.token_ids == reference_ids(tiny_llama, PROMPT, N)
-    assert not _recoveries(events) and len(ring) == 2
+    assert len(ring) == 2 and not [e for e in _recoveries(events) if "lost" in e["error"]]
 
 
 def test_a_restarted_member_rejoins_with_the_same_command(tiny_llama):

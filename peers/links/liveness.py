@@ -1,0 +1,41 @@
+"""Data links that know they are alive. A data link carries passes one way only, and may be idle for hours; a
+link cut without a FIN (a cable, a blackholing middlebox, a machine asleep) looks exactly like an idle one. So its
+writer sends a keepalive frame whenever it has sent nothing for KEEPALIVE_S, and its reader, which then hears
+something at least that often, takes SILENT_S without a byte as the link's death, and says so (the member at
+that end tells the host, which re-wires the ring): a frame that went into such a link is not waited for until the
+pass timeout. The silence is counted between bytes, not per frame: a large frame on a slow link is progress."""
+from __future__ import annotations
+
+import os
+
+import trio
+
+from peers.links.channel import Channel
+
+KEEPALIVE_S = 0.5
+KEEPALIVE = {"t": "ka"}  # read and dropped by the link's reader; never passed on
+
+
+def silent_s() -> float:
+    """How long a data link may be silent before its reader declares it dead (SFCHAT_LINK_SILENT_S: tests)."""
+    return float(os.environ.get("SFCHAT_LINK_SILENT_S") or 2.5)
+
+
+def watched(ch: Channel) -> Channel:
+    """A data link's reading end: silent for silent_s(), it is dead (ChannelIdle)."""
+    ch.read_timeout, ch.between_bytes = silent_s(), True
+    return ch
+
+
+async def keep_alive(ch: Channel) -> None:
+    """A data link's writing end: something at least every KEEPALIVE_S, until the link is gone (its other
+    users say why)."""
+    while not ch.closed:
+        wait = ch.last_sent + KEEPALIVE_S - trio.current_time()
+        if wait > 0:
+            await trio.sleep(wait)
+            continue
+        try:
+            await ch.send(KEEPALIVE)
+        except Exception:  # (a closed link: whoever else uses it finds out and says so)
+            return
