@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 import resource
 
 import torch
@@ -115,6 +116,16 @@ def injected_failure(who: str, stage: str, device: str) -> None:
         torch.empty(1 << 50, dtype=torch.uint8, device=device)
     if os.environ.get("SFCHAT_TEST_BREAK") == f"{who}:{stage}":
         raise OSError(f"injected failure {who}:{stage} (SFCHAT_TEST_BREAK)")
+
+
+def injected_slowness(who: str, passes: int) -> None:
+    """Tests only: SFCHAT_TEST_SLOW=NAME:AFTER:SECONDS has member NAME take SECONDS more over each pass after its
+    first AFTER, as when another program takes its cores."""
+    name, _, rest = os.environ.get("SFCHAT_TEST_SLOW", "").partition(":")
+    if name == who and rest:
+        after, seconds = rest.split(":")
+        if passes >= int(after):
+            time.sleep(float(seconds))
 
 
 def pick_dtype(name: str, device: str) -> str:

@@ -8,6 +8,7 @@ peers/host/stage.py, the replies' way back peers/host/return_link.py, and the ro
 from __future__ import annotations
 
 import logging
+import math
 import time
 import weakref
 from dataclasses import dataclass
@@ -147,6 +148,31 @@ class Host:
     def _joined(self) -> None:
         if self.auto_replan:
             self.nursery.start_soon(self.planner.replan_logged, self.port)
+
+    def _watch_speeds(self, trace: list, positions: int) -> None:
+        """Each member's share of a pass, for the drift watch (peers/plan/drift.py)."""
+        spans = {m.name: m.span.size for m in self.ring if m.span is not None}
+        now = time.monotonic()
+        for name, ms in trace:
+            if name in spans:
+                self.planner.drift.observe(name, ms, spans[name], positions, now)
+
+    def between_answers(self) -> None:
+        """After an answer, with no other under way: re-plan for speed if a member's speed drifted (another program
+        took its cores, or gave them back), its figure scaled by how far it moved."""
+        if not self.auto_replan or self.turns.passes or self.replanning or self.roster.closing \
+                or self.planner.target.placement != "speed":
+            return
+        now = time.monotonic()
+        if not (drifted := self.planner.drift.drifted(now)):
+            return
+        for m in self.ring:
+            if m.name in drifted and not math.isnan(m.ms_per_layer):
+                m.ms_per_layer *= drifted[m.name]
+        log.info("re-planning for speed: %s", ", ".join(f"{name}'s passes run {x:.1f}x their first"
+                                                         for name, x in drifted.items()))
+        self.planner.drift.replanned(now)
+        self.nursery.start_soon(self.planner.replan_logged, self.port)
 
     def _lost(self, m: Member) -> None:
         """A member of the ring is gone: re-plan over the rest now, not at the next pass (unless a pass's own
@@ -383,6 +409,7 @@ class Host:
         timing = {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms, "batch": len(parts),
                   "positions": sum(len(p.ids) for p in parts),
                   "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
+        self._watch_speeds(trace, timing["positions"])
         for (r, p, _), (feats, logits, best) in zip(done, outs):
             if r.committed is not None:  # its conversation's state is the round's own (peers/speculation/in_flight.py)
                 r.result = (logits, {**timing, "best": best, "feats": feats})

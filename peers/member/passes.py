@@ -23,7 +23,7 @@ from peers.wire import tensors, schema as validate, codec as wire
 from peers.links.auth import AuthError, server_handshake
 from peers.links.channel import Channel, ChannelClosed, idle_s
 from peers.links.liveness import watched
-from peers.compute.memory import injected_failure, is_oom, oom_line
+from peers.compute.memory import injected_failure, injected_slowness, is_oom, oom_line
 from peers.compute.runtime import RUNTIME, Pinned
 from peers.compute.shard import Shard
 
@@ -218,6 +218,7 @@ class DataPlane:
         skipped segments are only laid out."""
         t0 = time.perf_counter()
         injected_failure(self.peer.name, "pass", self.peer.device)
+        injected_slowness(self.peer.name, self.peer.st.frames)
         for skip in skips:
             shard.skip(*skip)
         hs = shard.forward(passes) if passes else [torch.empty(1, 0, shard.hidden_size, dtype=shard.dtype)]

@@ -21,6 +21,7 @@ from peers.links.channel import Channel, ChannelClosed
 from peers.wire.codec import WireError
 from peers.base.errors import FitError, ModelError, RingError
 from peers.plan.roster import Member, Roster
+from peers.plan.drift import Drift
 from peers.plan.gate import PassGate
 from peers.compute.memory import free_bytes, give_back
 from peers.base.limits import CONVERSATIONS
@@ -78,6 +79,7 @@ class Planner:
         self.host_ms = math.nan  # the host's own measured ms per reference layer (peers/compute/speed.py)
         self.host_share = 0.0  # its part of the predicted time per token
         self.predicted_ms = math.nan  # the current plan's predicted ms per token (one conversation)
+        self.drift = Drift()  # each member's pass times against its baseline under this plan (peers/plan/drift.py)
         self.broken: dict[int, str] = {}  # plans a data link of broke, and how: their passes fail, a re-wire follows
         self.nursery = None  # the host's: the watcher of the first hop lives there
         self.on_broken = lambda epoch: None  # the host's recovery
@@ -251,6 +253,7 @@ class Planner:
                 self._leave_out([m])
                 return False
         self.ring, self.epoch = ring, epoch
+        self.drift.reset()  # new spans, new neighbours: new baselines
         if self.first_hop is not None and self.nursery is not None:
             self.nursery.start_soon(self._watch, self.first_hop, epoch)
             self.nursery.start_soon(keep_alive, self.first_hop)  # the first member takes silence for a dead link

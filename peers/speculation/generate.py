@@ -86,8 +86,11 @@ class Result:
 async def generate(host: Host, rs: RingSession, tokens: list[int], **kw) -> Result:
     """The answer's rounds (`answer_rounds`), with the host knowing that this conversation is answering: another one's
     long prompt takes turns with them (peers/host/turns.py)."""
-    with host.turns.answering(rs.sid):
-        return await answer_rounds(host, rs, tokens, **kw)
+    try:
+        with host.turns.answering(rs.sid):
+            return await answer_rounds(host, rs, tokens, **kw)
+    finally:
+        host.between_answers()  # (a re-plan for speed, if a member's speed drifted)
 
 
 async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, drafter: Drafter,

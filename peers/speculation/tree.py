@@ -52,21 +52,22 @@ class Draft:
         """The nodes `kept` (in order, each with its parent), in this layout still; the guess stays this draft's."""
         index = {-1: -1} | {old: new for new, old in enumerate(kept)}
         return Draft([self.tokens[i] for i in kept], [index[self.parents[i]] for i in kept],
-                     [self.sure[i] for i in kept], self.q[kept] if self.q is not None else None, self.guess)
+                     [self.sure[i] for i in kept if i < len(self.sure)],  # (a drafter without chances has none)
+                     self.q[kept] if self.q is not None else None, self.guess)
 
     def extend_chain(self, tokens: list[int]) -> Draft:
         """The main chain carried on by `tokens`, each as sure as the chain's end. They go right after the chain's
         last node (which has no child), so the layout stays depth first, main chain leading; no guess is left."""
         c, n = self.chain, len(tokens)
         shift = {-1: -1} | {i: i if i < c else i + n for i in range(len(self.tokens))}
-        sure = self.sure[c - 1] if c else 1.0
+        sure = self.sure[c - 1] if 0 < c <= len(self.sure) else 1.0
         q = None
         if self.q is not None:  # a forced token was drawn from the one-hot on it
             q = torch.cat([self.q[:c], torch.nn.functional.one_hot(torch.tensor(tokens), self.q.shape[1])
                            .to(self.q.dtype), self.q[c:]])
         return Draft(self.tokens[:c] + tokens + self.tokens[c:],
                      self.parents[:c] + list(range(c - 1, c + n - 1)) + [shift[p] for p in self.parents[c:]],
-                     self.sure[:c] + [sure] * n + self.sure[c:], q, None)
+                     self.sure[:c] + [sure] * n + self.sure[c:] if len(self.sure) >= c else self.sure, q, None)
 
     @property
     def chain(self) -> int:

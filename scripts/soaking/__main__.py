@@ -17,6 +17,7 @@ from . import http_fuzz, ring_fuzz
 from .faults import Faults
 from .load import client_loop
 from .reference import references
+from .relay import RelayThread
 from .ring import Ring, rss_mb
 from .tally import Tally
 
@@ -31,7 +32,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--peers", type=int, default=2, help="members besides the host")
     ap.add_argument("--clients", type=int, default=8, help="clients streaming at once")
     ap.add_argument("--fault-every", type=float, default=60.0, metavar="S",
-                    help="seconds between faults (a kill; every fourth a stop past the heartbeat limit)")
+                    help="seconds between kills (a partition a quarter period after each; between the first two "
+                         "and every fourth period after, a stop of 2 to 20 s)")
+    ap.add_argument("--idle-s", type=float, default=20.0, metavar="S",
+                    help="one idle spell of this long (past the ring's idle timeouts, shortened to half of it)")
     ap.add_argument("--max-tokens", type=int, default=12, help="each answer's length: short, so requests turn over")
     ap.add_argument("--frames-per-s", type=float, default=14.0, help="bad ring frames' rate, about")
     ap.add_argument("--http-per-s", type=float, default=1.0, help="bad HTTP requests' rate, about")
@@ -57,8 +61,8 @@ def count_tracebacks(ring: Ring) -> int:
                if p.log.exists())
 
 
-async def soak(args, ring: Ring, refs: dict, hidden: int, model: str, tally: Tally) -> None:
-    faults = Faults(ring, tally, args.fault_every, seed=args.seed)
+async def soak(args, ring: Ring, relay: RelayThread, refs: dict, hidden: int, model: str, tally: Tally) -> None:
+    faults = Faults(ring, relay, tally, args.fault_every, args.idle_s, seed=args.seed)
     # a first answer to each prompt, before anything else: exactness on a calm ring, and the RSS baseline
     await asyncio.gather(*(client_loop(i, ring.url, KEY, model, {p: refs[p]}, args.max_tokens, 0, args.hang_s,
                                        tally, faults, once=True) for i, p in enumerate(refs)))
@@ -77,7 +81,7 @@ async def soak(args, ring: Ring, refs: dict, hidden: int, model: str, tally: Tal
             await asyncio.sleep(60)
             say(f"{(time.monotonic() - start) / 60:.0f} min: {tally.exact} exact, {tally.wrong} wrong, "
                 f"{tally.lost} lost, {sum(tally.errors.values())} errors, {tally.killed} killed, "
-                f"{tally.stopped} stopped, {tally.frames} frames, {tally.http_bad} bad HTTP")
+                f"{tally.stopped} stopped, {tally.cut} links cut, {tally.frames} frames, {tally.http_bad} bad HTTP")
 
     async with asyncio.timeout(args.minutes * 60 + GRACE_S):
         async with asyncio.TaskGroup() as tg:
@@ -109,27 +113,30 @@ def main(argv: list[str]) -> int:
         refs = pool.submit(references, str(model_dir), args.max_tokens)
         hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
         tally = Tally()
+        relay = RelayThread()
         ring = Ring(str(model_dir), args.peers, workdir, key=KEY, token=secrets.token_urlsafe(12), clients=args.clients,
-                    serve_args=args.serve_args)
+                    serve_args=args.serve_args, relay=relay.start(), link_idle_s=args.idle_s / 2)
         try:
             ring.start()
             say("the ring is up")
             refs = refs.result()
         except BaseException as e:
             ring.close()
+            relay.close()
             if isinstance(e, RuntimeError):  # a ring that did not come up: its logs say why
                 say(str(e))
                 return 1
             raise
     try:
         model = ring.health()["model"]
-        asyncio.run(soak(args, ring, refs, hidden, model, tally))
+        asyncio.run(soak(args, ring, relay, refs, hidden, model, tally))
     except (RuntimeError, TimeoutError, ExceptionGroup) as e:
         tally.note(f"the soak stopped early: {type(e).__name__}: {e}")
         tally.lost += 1  # whatever was under way; the notes say why
     finally:
         say("closing the ring")
         ring.close()
+        relay.close()
         say("closed")
         tally.tracebacks = count_tracebacks(ring)
         tally.exit_codes = {p.name: p.popen.returncode for p in ring.procs if p.popen is not None}
@@ -137,7 +144,8 @@ def main(argv: list[str]) -> int:
             tally.crashes += 1
             tally.note(f"the host exited with {tally.exit_codes['host']} when asked to stop (Ctrl+C)")
     tally.config = {"argv": argv, "model": model_dir.name, "minutes": args.minutes, "peers": args.peers,
-                    "clients": args.clients, "fault_every_s": args.fault_every, "max_tokens": args.max_tokens,
+                    "clients": args.clients, "fault_every_s": args.fault_every, "idle_s": args.idle_s,
+                    "max_tokens": args.max_tokens,
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     summary = tally.summary(args.rss_bound_mb)
     (workdir / "soak.json").write_text(tally.json(args.rss_bound_mb))

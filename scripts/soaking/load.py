@@ -13,9 +13,10 @@ from .tally import Tally
 RETRIES = 20  # a request still failing after this many proper errors is lost
 
 
-async def one_answer(client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens: int) -> tuple[str, int | None,
-                                                                                                   str | None]:
-    """Stream one answer: its text, its completion token count (from usage), its finish reason."""
+async def one_answer(client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens: int,
+                     tally: Tally) -> tuple[str, int | None, str | None]:
+    """Stream one answer: its text, its completion token count (from usage), its finish reason. When each piece
+    of text came is noted (the time from a fault to the next token delivered)."""
     text, tokens, finish = [], None, None
     stream = await client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
@@ -24,6 +25,8 @@ async def one_answer(client: openai.AsyncOpenAI, model: str, prompt: str, max_to
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
         for c in chunk.choices:
+            if c.delta.content:
+                tally.token_times.append(time.monotonic())
             text.append(c.delta.content or "")
             finish = c.finish_reason or finish
     return "".join(text), tokens, finish
@@ -39,12 +42,15 @@ async def client_loop(i: int, url: str, key: str, model: str, refs: dict, max_to
     try:
         while once or time.monotonic() < deadline:
             once = False
+            if (wait := faults.idle_until - time.monotonic()) > 0:  # an idle spell of the ring
+                await asyncio.sleep(wait)
+                continue
             prompt = rng.choice(prompts)
             t0 = time.monotonic()
             for attempt in range(RETRIES):
                 tally.sent += 1
                 try:
-                    got = await asyncio.wait_for(one_answer(client, model, prompt, max_tokens), hang_s)
+                    got = await asyncio.wait_for(one_answer(client, model, prompt, max_tokens, tally), hang_s)
                 except openai.APIStatusError as e:  # an HTTP error in OpenAI's shape
                     tally.errors[e.status_code] += 1
                     await asyncio.sleep(0.5 + attempt * 0.5)

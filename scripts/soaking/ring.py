@@ -96,10 +96,13 @@ class Ring:
     """serve on 127.0.0.1 with its ring port and HTTP port, and `peers` members joined to it."""
 
     def __init__(self, model: str, peers: int, workdir: Path, *, key: str, token: str, clients: int,
-                 serve_args: list[str]):
+                 serve_args: list[str], relay: str, link_idle_s: float):
+        """relay: the members are reached through it (their data links can be cut there); link_idle_s: the
+        ring's idle timeouts, shortened so that an idle spell of the soak outlasts them."""
         self.http_port, self.ring_port = free_port(), free_port()
         self.key, self.token, self.workdir = key, token, workdir
-        env = dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_TOKEN=token, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_TOKEN=token, PYTHONUNBUFFERED="1",
+                   SFCHAT_LINK_IDLE_S=str(link_idle_s))
         py = [sys.executable, "-m", "sfchat"]
         self.host = Proc("host", [*py, "serve", "--model", model, "--http-listen", f"127.0.0.1:{self.http_port}",
                                   "--ring-listen", f"127.0.0.1:{self.ring_port}", "--token", token,
@@ -107,7 +110,8 @@ class Ring:
                                   "--keep-alive-s", "1", *serve_args], env, workdir / "host.log")
         self.members = [Proc(f"soak-{chr(97 + i)}", [*py, "join", f"127.0.0.1:{self.ring_port}", "--headless",
                                                         "--stay", "--retry-s", "2", "--name", f"soak-{chr(97 + i)}",
-                                                        "--listen", "127.0.0.1:0", "--model", model],
+                                                        "--listen", "127.0.0.1:0", "--relay", relay,
+                                                        "--model", model],
                              env, workdir / f"member-{i + 1}.log") for i in range(peers)]
         self.url = f"http://127.0.0.1:{self.http_port}"
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
@@ -155,13 +159,16 @@ class Ring:
             time.sleep(0.25)
         return False
 
-    def data_addresses(self) -> list[str]:
-        """The ring ports of the members now ready (the host's own is ring_port)."""
+    def ring_order(self) -> list[str]:
+        """The relay endpoints of the members holding layers, in the ring's order (the first is the host's
+        first hop)."""
         try:
-            return [m["address"] for m in self.health().get("members", [])[1:]
-                    if m["state"] == "ready" and m.get("address")]
+            members = [m for m in self.health().get("members", [])[1:]
+                       if m["state"] == "ready" and m["layers"] not in ("", "none") and m.get("address")]
         except (httpx.HTTPError, ValueError):
             return []
+        members.sort(key=lambda m: int(m["layers"].split("-")[0]))
+        return [m["address"].split("/", 3)[3] for m in members if m["address"].startswith("relay://")]
 
     def close(self) -> None:
         """Every process stopped at once (the host first), so that their exits overlap."""

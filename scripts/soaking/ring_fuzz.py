@@ -122,10 +122,25 @@ async def recv(reader: asyncio.StreamReader, dec: wire.FrameDecoder) -> dict:
             return msgs[0]
 
 
+async def open_link(addr: str):
+    """A connection to a ring port: HOST:PORT, or relay://HOST:PORT/ENDPOINT dialled as a peer dials it."""
+    if not addr.startswith("relay://"):
+        host, port = addr.rsplit(":", 1)
+        return await asyncio.open_connection(host, int(port))
+    relay, _, name = addr[len("relay://"):].partition("/")
+    host, port = relay.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(wire.encode({"t": "dial", "name": name}))
+    said = await asyncio.wait_for(recv(reader, wire.FrameDecoder()), 10)
+    if said.get("t") != "connected":
+        writer.close()
+        raise ConnectionError(f"the relay said {said}")
+    return reader, writer
+
+
 async def authenticate(addr: str, token: str):
     """A data link that passed the handshake with the right token (peers/links/auth.py, client side)."""
-    host, port = addr.rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
+    reader, writer = await open_link(addr)
     dec, nc = wire.FrameDecoder(), secrets.token_bytes(NONCE)
     writer.write(wire.encode({"t": "hello", "role": "data", "nonce": nc}))
     challenge = await recv(reader, dec)
@@ -146,10 +161,9 @@ def hung(tally: Tally, faults, since: float, what: str) -> None:
 
 async def stranger(addr: str, rng: random.Random, tally: Tally, faults) -> None:
     data, leave, since = *garbage(rng), time.monotonic()
-    host, port = addr.rsplit(":", 1)
     try:
-        reader, writer = await asyncio.open_connection(host, int(port))
-    except OSError:
+        reader, writer = await open_link(addr)
+    except (OSError, ConnectionError, asyncio.TimeoutError):
         return  # a member restarting: its port is gone
     tally.connections += 1
     tally.frames += 1

@@ -1,6 +1,7 @@
 """What the soak counts, the table and JSON it ends with, and its verdict."""
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 from collections import Counter
@@ -19,8 +20,11 @@ class Tally:
     # members
     killed: int = 0
     stopped: int = 0
-    cut: int = 0
+    cut: int = 0  # links cut at the relay (closed or blackholed)
     replans: int = 0
+    idled: int = 0  # idle spells past the ring's timeouts
+    faults: list = field(default_factory=list)  # (kind, when) of each fault
+    token_times: list = field(default_factory=list)  # when each piece of streamed text arrived
     # bad input
     frames: int = 0
     frames_authenticated: int = 0
@@ -48,10 +52,22 @@ class Tally:
         return {"n": len(xs), "p50_s": round(statistics.median(xs), 3),
                 "p99_s": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 3)}
 
+    def fault_to_token(self) -> dict:
+        """Per kind of fault: seconds from it to the next piece of text any client received (p50, p99, max)."""
+        times, out = sorted(self.token_times), {}
+        for kind, at in self.faults:
+            i = bisect.bisect_right(times, at)
+            if i < len(times):
+                out.setdefault(kind, []).append(times[i] - at)
+        return {k: {"n": len(xs), "p50_s": round(statistics.median(xs), 2),
+                    "p99_s": round(sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))], 2), "max_s": round(max(xs), 2)}
+                for k, xs in sorted(out.items())}
+
     def summary(self, rss_bound_mb: float) -> dict:
         d = asdict(self)
         d["errors"] = {str(k): v for k, v in sorted(self.errors.items(), key=str)}
-        del d["latency_s"]
+        d["fault_to_token"] = self.fault_to_token()
+        del d["latency_s"], d["token_times"], d["faults"]
         d["latency"] = {"without_faults": self.percentiles(False), "with_faults": self.percentiles(True)}
         d["rss_bound_mb"] = rss_bound_mb
         d["failures"] = self.failures(rss_bound_mb)
@@ -90,7 +106,8 @@ class Tally:
         rows = [
             ("requests", f"{self.sent} sent, {self.exact} answered exact, {self.wrong} answered wrong, "
                          f"errors ({errs}), {self.lost} lost"),
-            ("members", f"{self.killed} killed, {self.stopped} stopped, {self.cut} links cut, {self.replans} re-plans"),
+            ("members", f"{self.killed} killed, {self.stopped} stopped, {self.cut} links cut, {self.replans} re-plans, "
+                        f"{self.idled} idle spells"),
             ("bad input", f"{self.frames} frames ({self.frames_authenticated} from an authenticated member), "
                           f"{self.connections} connections ({self.ring_held} held open), {self.http_bad} HTTP requests "
                           f"({self.http_improper} answered improperly), {self.disconnects} clients gone mid-stream"),
@@ -98,6 +115,8 @@ class Tally:
             ("host", f"RSS at start {rss.get('start', 0):.0f} MiB, middle {rss.get('middle', 0):.0f} MiB, "
                      f"end {rss.get('end', 0):.0f} MiB (bound: +{rss_bound_mb:.0f} MiB)"),
             ("latency", f"without faults {p(lat['without_faults'])}; with faults {p(lat['with_faults'])}"),
+            ("fault -> next token", "; ".join(f"{k}: p50 {v['p50_s']} s, p99 {v['p99_s']} s, max {v['max_s']} s "
+                                              f"({v['n']})" for k, v in s["fault_to_token"].items()) or "none"),
         ]
         lines = ["| what | counted |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
         return "\n".join(lines)
