@@ -31,7 +31,7 @@ class ReturnLink:
         watched(ch)  # the last member keeps it alive: silence means a dead link, FIN or not
         while True:
             msg = await ch.recv(into=self._landing)
-            if msg["t"] in ("cancel", "ka"):  # the host's own cancel, come round the ring: every member has it
+            if msg["t"] in ("cancel", "ka"):  # its own cancel come round (every member has it), a keepalive
                 continue
             if msg["t"] not in ("fwd", "fail"):
                 raise wire.WireError(f"unexpected {msg['t']!r} on the return link")

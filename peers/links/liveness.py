@@ -1,9 +1,10 @@
 """Data links that know they are alive. A data link carries passes one way only, and may be idle for hours; a
 link cut without a FIN (a cable, a blackholing middlebox, a machine asleep) looks exactly like an idle one. So its
 writer sends a keepalive frame whenever it has sent nothing for KEEPALIVE_S, and its reader, which then hears
-something at least that often, takes SILENT_S without a byte as the link's death, and says so (the member at
-that end tells the host, which re-wires the ring): a frame that went into such a link is not waited for until the
-pass timeout. The silence is counted between bytes, not per frame: a large frame on a slow link is progress."""
+something at least that often, takes silent_s() (2.5 s) without a byte as the link's death, and says so (the
+member at that end tells the host, which re-wires the ring): a frame that went into such a link is not waited for
+until the pass timeout. The silence is counted between bytes, not per frame: a large frame on a slow link is
+progress."""
 from __future__ import annotations
 
 import os

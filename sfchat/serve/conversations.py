@@ -34,7 +34,7 @@ class Job:
     prompt: list[int]
     max_new: int
     params: SamplingParams
-    grammar: str | None = None  # what the answer must follow (response_format), as llguidance reads it
+    grammar: str | None = None  # what the answer must follow (response_format, a required call), for llguidance
 
 
 @dataclass
@@ -150,7 +150,7 @@ class Conversations:
     async def _generate(self, job: Job, rs, emit) -> Outcome:
         text, stops = TextStream(self.tokenizer), StopFilter(job.request.stop)
         # a call's text is held back from the first <tool_call>: it goes out as tool_calls if it parses
-        calls = StopFilter((OPEN,) if job.request.tools is not None else ())
+        calls = StopFilter((OPEN,) if job.request.tools is not None and job.request.tools.choice != "none" else ())
         want = job.params.logprobs is not None
         held: list[dict] = []  # logprobs entries not sent yet: they go with the next piece of text
 
