@@ -45,6 +45,7 @@ class Channel:
         self.send_lock = trio.Lock()
         self.between_bytes = False  # True: read_timeout is silence between bytes, not the time to a whole message
         self.last_sent = 0.0  # trio's clock (peers/links/liveness.py: a data link's writer keeps it alive)
+        self.kept_alive = False  # a keepalive came on it: a ring member's link, not merely someone with the token
         self.closed = False
         tune(stream)
 

@@ -28,9 +28,16 @@ def watched(ch: Channel) -> Channel:
     return ch
 
 
-async def keep_alive(ch: Channel) -> None:
-    """A data link's writing end: something at least every KEEPALIVE_S, until the link is gone (its other
-    users say why)."""
+async def keep_alive(ch: Channel, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A data link's writing end: a keepalive first of all (its reader knows a ring member's link by it), then
+    something at least every KEEPALIVE_S, until the link is gone (its other users say why). Started with
+    nursery.start: the first keepalive is on its way before any frame."""
+    try:
+        await ch.send(KEEPALIVE)
+    except Exception:
+        return
+    finally:
+        task_status.started()
     while not ch.closed:
         wait = ch.last_sent + KEEPALIVE_S - trio.current_time()
         if wait > 0:

@@ -84,17 +84,23 @@ class DataPlane:
             log.info("data link closed: %s", e)
         except ChannelClosed as e:
             log.info("data link closed: %s", e)
-            await self.peer.link_down(epoch, "prev hop", str(e))  # (a re-wiring's old link: the host knows)
+            await self._down(ch, epoch, str(e))  # (a re-wiring's old link: the host knows)
         except wire.WireError as e:
             log.warning("bad frame from the previous hop: %s", e)
             await ch.error(str(e))
-            await self.peer.link_down(epoch, "prev hop", str(e))
+            await self._down(ch, epoch, str(e))
         except Exception as e:  # one bad link must never take the peer down
             log.exception("data link failed")
             await ch.error(f"internal error: {type(e).__name__}")
-            await self.peer.link_down(epoch, "prev hop", f"internal error: {type(e).__name__}")
+            await self._down(ch, epoch, f"internal error: {type(e).__name__}")
         finally:
             await ch.aclose()
+
+    async def _down(self, ch: Channel, epoch: int | None, why: str) -> None:
+        """Tell the host its ring's link into this member ended. Only a link that carried a keepalive is the ring's
+        (a ring member keeps its link alive from the start): another holder of the token, hung up on, is no news."""
+        if ch.kept_alive:
+            await self.peer.link_down(epoch, "prev hop", why)
 
     async def _read_ahead(self, ch: Channel, queued: trio.MemorySendChannel) -> None:
         """The link's frames into the queue as they come; a cancel goes on at once. What ends the link (a bad
@@ -104,6 +110,7 @@ class DataPlane:
                 while True:
                     msg = await ch.recv(into=self._landing)
                     if msg["t"] == "ka":
+                        ch.kept_alive = True
                         continue
                     if msg["t"] == "cancel":
                         await self._cancel(msg)

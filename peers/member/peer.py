@@ -221,9 +221,9 @@ class Peer:
             stream = await TLSEndpoint.dial(await links.dial(nxt), msg.get("next_tls") or None)
             nch = Channel(stream, f"next {nxt}")
             await client_handshake(nch, self.token, "data", epoch=epoch)
+            await self.nursery.start(keep_alive, nch)  # its reader takes silence for a dead link
             self.data.next = nch
             self.nursery.start_soon(self.data.watch_next, nch, epoch)
-            self.nursery.start_soon(keep_alive, nch)  # its reader takes silence for a dead link
         self.epoch = epoch
         self._changed(state="ready", next_hop=nxt, sessions=0)
 

@@ -256,7 +256,7 @@ class Planner:
         self.drift.reset()  # new spans, new neighbours: new baselines
         if self.first_hop is not None and self.nursery is not None:
             self.nursery.start_soon(self._watch, self.first_hop, epoch)
-            self.nursery.start_soon(keep_alive, self.first_hop)  # the first member takes silence for a dead link
+            await self.nursery.start(keep_alive, self.first_hop)  # the first member takes silence for a dead link
         spares = [m for m in live if m.state == "spare"]
         log.info("ring epoch %d: host %s%s%s; %s placement%s", epoch, spans[0],
                  "".join(f" -> member {m.id} {m.span}" for m in ring),
