@@ -41,7 +41,8 @@ class Tools:
                                                    "arguments": f.get("parameters") or {"type": "object"}},
                   "required": ["name", "arguments"], "additionalProperties": False} for f in called]
         schema = (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"x-guidance": JSON_STYLE}
-        return f'start: {json.dumps(OPEN + chr(10))} call {json.dumps(chr(10) + CLOSE)}\ncall: %json {json.dumps(schema)}'
+        wrap = json.dumps(OPEN + "\n"), json.dumps("\n" + CLOSE)  # as Lark string literals
+        return f"start: {wrap[0]} call {wrap[1]}\ncall: %json {json.dumps(schema)}"
 
 
 def bad(message: str, param: str) -> ApiError:
@@ -127,6 +128,7 @@ def split_calls(text: str) -> tuple[str, list[dict]] | None:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) or \
                 not isinstance(call.get("arguments", {}), dict):
             return None
+        arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
         calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                      "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)}})
+                      "function": {"name": call["name"], "arguments": arguments}})
     return head.strip(), calls
