@@ -11,7 +11,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from serving import KEY, Server
+from serving import KEY, Server, client, user
 
 N = 12  # tokens per answer: enough to stream in several pieces, cheap on two shared cores
 
@@ -23,14 +23,6 @@ def server(tiny_llama, tmp_path_factory):
     s.wait_until(lambda h: sum(m["layers"] not in ("", "none") for m in h["members"]) == 3, what="a ring of three")
     yield s
     s.close()
-
-
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
-
-
-def user(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
 
 
 def whole(server, prompt: str, **kw) -> str:

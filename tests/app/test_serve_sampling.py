@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from serving import KEY, Server
+from serving import Server, client, user
 
 N = 16
 
@@ -29,14 +29,6 @@ def server(tiny_llama, draft, tmp_path_factory):
     s.wait_until(lambda h: sum(m["layers"] not in ("", "none") for m in h["members"]) == 3, what="a ring of three")
     yield s
     s.close()
-
-
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
-
-
-def user(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
 
 
 def reference_check(model_dir, prompt: str, entries, top: int) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from serving import KEY, Server
+from serving import Server, client, user
 
 # bounded (strings, numbers, lists), so that even a random model's answer ends
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
@@ -50,14 +50,6 @@ def server(tools_model, tmp_path_factory):
     s.wait_until(lambda h: sum(m["layers"] not in ("", "none") for m in h["members"]) == 3, what="a ring of three")
     yield s
     s.close()
-
-
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
-
-
-def user(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
 
 
 def schema_format(schema: dict) -> dict:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 
 from helpers import ROOT, child_env, children, wait_for_line
 
@@ -54,3 +55,12 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def client(server: Server) -> openai.OpenAI:
+    """The real openai client on a server, retrying nothing (a test sees every failure)."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
