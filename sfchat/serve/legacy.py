@@ -4,10 +4,9 @@ text (no chat template), the answer comes whole or streamed as `text_completion`
 It shares everything else with chat completions: the checks, admission, stops, the 400s for what is not done."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 
-from .request import ChatRequest, bad, parse_fields
+from .request import ChatRequest, bad, json_body, parse_fields
 from .sse import Stream, event
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's for this endpoint (chat completions have none)
@@ -15,12 +14,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's for this endpoint (chat completions have non
 
 def parse_legacy(raw: bytes) -> tuple[ChatRequest, str]:
     """The request, and its prompt: a string (or a list holding one string)."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise bad("the body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise bad("the body must be a JSON object")
+    body = json_body(raw)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]

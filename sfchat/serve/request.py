@@ -149,13 +149,19 @@ def _response_format(body: dict) -> dict | None:
     return schema
 
 
-def parse(raw: bytes) -> ChatRequest:
+def json_body(raw: bytes) -> dict:
+    """A request's body: a JSON object, or a 400."""
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
         raise bad("the body is not valid JSON") from None
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object")
+    return body
+
+
+def parse(raw: bytes) -> ChatRequest:
+    body = json_body(raw)
     return parse_fields(body, _messages(body))
 
 
