@@ -12,6 +12,7 @@ from peers.plan.roster import Member
 from peers.speculation.adaptive import KPolicy
 from peers.speculation.drafting import Drafter
 from peers.speculation.sampling import SamplingParams
+from sfchat.local import local_name
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 N = 24
@@ -31,7 +32,8 @@ def test_a_stopped_member_is_lost_within_a_few_heartbeats(tiny_llama):
         async with running_ring(tiny_llama, 2) as (host, lp):  # the default heartbeat
             await trio.sleep(1.5)  # a few pongs
             victim = host.ring[0]
-            lp.procs[[m.id for m in host.members].index(victim.id)].send_signal(signal.SIGSTOP)
+            names = [local_name(i) for i in range(len(lp.procs))]  # (members are numbered as they joined)
+            lp.procs[names.index(victim.name)].send_signal(signal.SIGSTOP)
             try:
                 with trio.fail_after(10):
                     while victim.state != "lost":
