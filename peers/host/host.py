@@ -82,7 +82,8 @@ class Host:
         self.fingerprint = config_fingerprint(self.model_dir)
         self.roster = Roster(tls=self.tls.enabled, heartbeat_s=opts.heartbeat_s, dead_after_s=opts.dead_after_s,
                              on_change=lambda: self.on_change(), on_join=self._joined, on_lost=self._lost,
-                             on_link=lambda epoch, why: self.planner.link_down(epoch, why))
+                             on_link=lambda epoch, why, m, hop: self.planner.link_down(epoch, why,
+                                                                                       self.planner.into(m, hop)))
         size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
                         self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs,
@@ -92,6 +93,7 @@ class Host:
         if target.placement == "speed":  # the host's own speed, as every member times its own
             self.planner.host_ms = speed.measure(self.device, self.dtype, self.quant, "host")
         self.planner.on_broken = self._broken
+        self.planner.on_hold = self._held
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
         self.port = 0
         self.returns = ReturnLink(self)  # the last member's replies, to the passes waiting for them
@@ -177,8 +179,20 @@ class Host:
     def _lost(self, m: Member) -> None:
         """A member of the ring is gone: re-plan over the rest now, not at the next pass (unless a pass's own
         recovery has done it by then)."""
+        if not (self.roster.closing or m.left or m.leaving):
+            self.planner.fault(m)
         if self.auto_replan and not self.roster.closing and m in self.ring:
             self.nursery.start_soon(self.planner.replan_logged, self.port, self.epoch)
+
+    def _held(self, m: Member, seconds: float) -> None:
+        """Member `m` is held out for `seconds`: where the ring re-plans by itself, it is planned in again then."""
+        async def release():
+            await trio.sleep(seconds)
+            back = [x for x in self.roster.live() if x.name == m.name]
+            if self.auto_replan and not self.roster.closing and back:
+                log.info("member %d (%s) is held out no longer: re-planning", back[0].id, back[0].name)
+                await self.planner.replan_logged(self.port)
+        self.nursery.start_soon(release)
 
     def _broken(self, epoch: int) -> None:
         """A data link of the current plan broke: its passes fail at once (peers/host/return_link.py), and the ring
@@ -204,8 +218,13 @@ class Host:
                 "graphs": self.shard.graphs.captured if self.shard and self.shard.graphs else 0,
                 "planned_bytes": self.planner.host_planned,
                 "ms_per_layer": None if self.planner.host_ms != self.planner.host_ms else round(self.planner.host_ms, 3),
-                "share": round(self.planner.host_share, 3), "spare": False}
-        return [host] + [m.info() for m in self.members]
+                "share": round(self.planner.host_share, 3), "spare": False, "held_s": 0.0}
+        return [host] + [self._held_info(m.info(), m) for m in self.members]
+
+    def _held_info(self, info: dict, m: Member) -> dict:
+        """A member's row, with the seconds its hold has left (peers/plan/holds.py): held, a spare says so."""
+        left = self.planner.holds.left(m.name, time.monotonic())
+        return info | {"held_s": round(left, 1)} | ({"state": "held"} if left and info["state"] == "spare" else {})
 
     # --- serving -------------------------------------------------------------------------------------------
 
@@ -245,7 +264,7 @@ class Host:
                 try:
                     await self.returns.serve(ch)
                 except (ChannelClosed, wire.WireError) as e:  # the last member's link to the host ended
-                    self.planner.link_down(epoch, f"the return link: {e}")
+                    self.planner.link_down(epoch, f"the return link: {e}")  # (into the host: no member's fault)
                     raise
             else:
                 await ch.error(f"unknown role {hello['role']!r}")

@@ -57,7 +57,7 @@ class ReturnLink:
         send, recv = trio.open_memory_channel(1)
         self.waiting[(frame["sid"], seq)] = (send, place)
         try:
-            await self.host.first_hop.send(frame)
+            await self._send(frame)
             self.sent += 1
             for event in sent:
                 if event is not None:
@@ -75,6 +75,40 @@ class ReturnLink:
             raise RingError(str(reply.get("error")))
         return reply
 
+    async def _send(self, frame: dict) -> None:
+        """The frame into the first hop. A send can wait long where the first member stopped reading (stopped,
+        cut off: its buffers full); a member lost or a link of the plan broken meanwhile fails it at once, and the
+        first hop, maybe with half a frame on it, is closed (the recovery wires a new one)."""
+        first, fault, error = self.host.first_hop, None, None
+        async with trio.open_nursery() as nursery:
+            async def watch():
+                nonlocal fault
+                while (fault := self._fault(frame["epoch"])) is None:
+                    await trio.sleep(0.1)
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(watch)
+            try:
+                await first.send(frame)
+            except ChannelClosed as e:  # (raised below, outside the nursery: as itself, not in a group)
+                error = e
+            nursery.cancel_scope.cancel()
+        if fault is not None:
+            await trio.aclose_forcefully(first.stream)
+            raise fault
+        if error is not None:
+            raise error
+
+    def _fault(self, epoch: int) -> RingError | None:
+        """Why passes of plan `epoch` cannot be answered: a link of it broke, or a ring member left or was lost."""
+        if broken := self.host.planner.broken.get(epoch):
+            return RingError(broken)
+        lost = [m for m in self.host.ring if m.state == "lost"]
+        if lost and lost[0].left:
+            return MemberLeft(f"member {lost[0].id} ({lost[0].name}) left")
+        if lost:
+            return RingError(f"member {lost[0].id} ({lost[0].name}) was lost: {lost[0].error}")
+        return None
+
     async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float, epoch: int, seq: int) -> dict:
         """The pass's result, or RingError as soon as a ring member is declared lost or a link of its plan broke.
         The timeout is only a backstop, and it runs from the last pong of a member computing this very frame: a
@@ -85,13 +119,8 @@ class ReturnLink:
                 return await recv.receive()
             if any(m.computing == seq for m in self.host.ring):
                 deadline = max(deadline, trio.current_time() + timeout)
-            if broken := self.host.planner.broken.get(epoch):
-                raise RingError(broken)
-            lost = [m for m in self.host.ring if m.state == "lost"]
-            if lost and lost[0].left:
-                raise MemberLeft(f"member {lost[0].id} ({lost[0].name}) left")
-            if lost:
-                raise RingError(f"member {lost[0].id} ({lost[0].name}) was lost: {lost[0].error}")
+            if (fault := self._fault(epoch)) is not None:
+                raise fault
         raise trio.TooSlowError
 
 

@@ -31,7 +31,7 @@ log = logging.getLogger("sfchat.peer")
 SESSION_IDLE_S = 600.0
 READ_AHEAD = 64  # frames queued behind the one computing
 CANCELS_KEPT = 1024
-REWIRE_WAIT_S = 10.0  # how long a frame waits for this member's next hop while an assign wires it
+REWIRE_WAIT_S = 10.0  # how long a frame that came before any plan waits for one to begin
 
 
 class DataPlane:
@@ -46,8 +46,9 @@ class DataPlane:
         self.unfinished = 0  # frames read and not yet computed
         self.computing: tuple[int, float] | None = None  # (seq, since when) of the frame its layers run over now
         self.next: Channel | None = None
-        # set while `next` is wired; an assign clears it from closing the old hop to dialling the new one
+        # set while `next` is wired; an assign clears it from its start (the load) to its new hop's dial
         self.wired = trio.Event()
+        self.assigning = False
         self.compute = trio.CapacityLimiter(1)  # one forward at a time on this device
         # a GPU member's hop buffers, reused: a frame lands in one when none is waiting or computing (it is on the
         # device before the next lands there), and its result leaves from the other before the next pass runs
@@ -241,9 +242,12 @@ class DataPlane:
                                "error": error, **({"oom": True, "member": self.peer.member_id} if oom else {})})
 
     async def _send_next(self, msg: dict) -> None:
-        """On to the next hop; while an assign is wiring it (or before the first), a frame waits for it rather
-        than fail: the link it came on is the previous hop's, and closing that would lose every frame after it."""
+        """On to the next hop; while an assign loads and wires it (or before the first), a frame waits for it
+        rather than fail: the link it came on is the previous hop's, and closing that would lose every frame after
+        it. The wait is the assign's, however long its load; before any plan, REWIRE_WAIT_S for one to begin."""
         with trio.move_on_after(REWIRE_WAIT_S):
+            await self.wired.wait()
+        if self.assigning:
             await self.wired.wait()
         if self.next is None:
             raise ChannelClosed("no next hop yet")
@@ -265,12 +269,14 @@ class DataPlane:
 
     @asynccontextmanager
     async def rewiring(self):
-        """An assign's change of next hop: frames to send wait until it is done (or has failed)."""
+        """An assign, from its load to its new next hop: frames to send wait until it is done (or has failed)."""
         if self.wired.is_set():
             self.wired = trio.Event()
+        self.assigning = True
         try:
             yield
         finally:
+            self.assigning = False
             self.wired.set()
 
     def _gc_sessions(self) -> None:

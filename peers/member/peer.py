@@ -196,22 +196,24 @@ class Peer:
         # no --model: the host's, a hub model pinned to the commit the host resolved
         spec = self.model_spec or validate.need(msg, "model", str)
         self.quant_now = follow(self.quant, self.device, str(msg.get("quant") or "none"))  # (auto: the host's)
-        self._changed(state="loading", span=span)
-        try:
-            await self._take_span(spec, span, msg, ctl)
-        except Exception as e:
-            while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:  # (from a fetch's nursery)
-                e = e.exceptions[0]
-            if is_oom(e):
-                self.shard = None  # what was loaded goes back before the numbers are read
-                raise CannotServe(oom_line(f"member {self.member_id} ({self.name})", self.device,
-                                           f"loading layers {span}"), oom=True) from None
-            if isinstance(e, ModelError):
-                raise CannotServe(str(e)) from None
-            log.exception("loading layers %s failed", span)
-            raise CannotServe(f"cannot load layers {span} of {spec}: {type(e).__name__}: {e}") from None
-        self.data.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
+        # frames to send wait from here until the new next hop is wired: the old plan is over, whatever its
+        # next hop was, and the previous hop's link must not close under them, however long the load takes
         async with self.data.rewiring():
+            self._changed(state="loading", span=span)
+            try:
+                await self._take_span(spec, span, msg, ctl)
+            except Exception as e:
+                while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:  # (from a fetch's nursery)
+                    e = e.exceptions[0]
+                if is_oom(e):
+                    self.shard = None  # what was loaded goes back before the numbers are read
+                    raise CannotServe(oom_line(f"member {self.member_id} ({self.name})", self.device,
+                                               f"loading layers {span}"), oom=True) from None
+                if isinstance(e, ModelError):
+                    raise CannotServe(str(e)) from None
+                log.exception("loading layers %s failed", span)
+                raise CannotServe(f"cannot load layers {span} of {spec}: {type(e).__name__}: {e}") from None
+            self.data.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
             if (old := self.data.next) is not None:
                 self.data.next = None
                 await old.aclose()

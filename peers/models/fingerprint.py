@@ -5,6 +5,7 @@ the safetensors bytes on each side (whole tensors up to 4 MB, evenly spaced 64 K
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import struct
@@ -21,10 +22,11 @@ def config_fingerprint(model_dir: Path) -> str:
     return hashlib.sha256(json.dumps(core, sort_keys=True).encode()).hexdigest()
 
 
-def _headers(model_dir: Path) -> dict[str, tuple[Path, int, dict]]:
+@functools.lru_cache(maxsize=16)
+def _headers(files: tuple) -> dict[str, tuple[Path, int, dict]]:
     """tensor name -> (file, data start, header entry), read from the files' JSON headers only."""
     out = {}
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
+    for f, _, _ in files:
         with open(f, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(n))
@@ -33,10 +35,19 @@ def _headers(model_dir: Path) -> dict[str, tuple[Path, int, dict]]:
 
 
 def span_fingerprint(model_dir: Path, start: int, end: int) -> str:
+    """The hash of layers [start, end): of each layer's own hash, so a re-plan's new span, made of layers hashed
+    before, costs nothing (the files' sizes and times are part of the key: a file rewritten is hashed again)."""
+    files = tuple((str(f), st.st_size, st.st_mtime_ns)
+                  for f in sorted(Path(model_dir).glob("*.safetensors")) for st in [f.stat()])
+    return hashlib.sha256("|".join(_layer(files, i) for i in range(start, end)).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer(files: tuple, i: int) -> str:
     h = hashlib.sha256()
-    prefixes = tuple(f"model.layers.{i}." for i in range(start, end))
-    for name, (f, base, entry) in sorted(_headers(model_dir).items()):
-        if not name.startswith(prefixes):
+    prefix = f"model.layers.{i}."
+    for name, (f, base, entry) in sorted(_headers(files).items()):
+        if not name.startswith(prefix):
             continue
         b, e = entry["data_offsets"]
         h.update(f"{name}|{entry['dtype']}|{entry['shape']}".encode())
@@ -45,7 +56,7 @@ def span_fingerprint(model_dir: Path, start: int, end: int) -> str:
                 fh.seek(base + b)
                 h.update(fh.read(e - b))
             else:
-                for i in range(SAMPLES):
-                    fh.seek(base + b + (e - b - SAMPLE) * i // (SAMPLES - 1))
+                for k in range(SAMPLES):
+                    fh.seek(base + b + (e - b - SAMPLE) * k // (SAMPLES - 1))
                     h.update(fh.read(SAMPLE))
     return h.hexdigest()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from peers.wire.codec import WireError
 from peers.base.errors import FitError, ModelError, RingError
 from peers.plan.roster import Member, Roster
 from peers.plan.drift import Drift
+from peers.plan.holds import Holds
 from peers.plan.gate import PassGate
 from peers.compute.memory import free_bytes, give_back
 from peers.base.limits import CONVERSATIONS
@@ -83,16 +85,20 @@ class Planner:
         self.broken: dict[int, str] = {}  # plans a data link of broke, and how: their passes fail, a re-wire follows
         self.nursery = None  # the host's: the watcher of the first hop lives there
         self.on_broken = lambda epoch: None  # the host's recovery
+        self.holds = Holds()  # members that broke twice within a minute: no layers for a while (peers/plan/holds.py)
+        self.on_hold = lambda m, seconds: None  # the host's: a member was just held out for `seconds`
 
     def host_offer(self) -> int:
         """What the host offers, the embedding, head and drafter included (the plan takes them off)."""
         return int(self.offer_gb * 2**30) if self.offer_gb is not None else free_bytes(self.target.device)
 
-    def offers(self, live: list[Member]) -> list[Offer]:
-        t = self.target
+    def offers(self, live: list[Member], holds: bool = True) -> list[Offer]:
+        """What the host and each live member offer the plan; a member held out (`holds`) offers nothing."""
+        t, now = self.target, time.monotonic()
         return [Offer("host", self.host_offer(), t.dtype, t.quant, self.host_ms,
                       cuda=str(t.device).startswith("cuda"))] + [
-            Offer(f"member {m.id} ({m.name})", m.free_bytes, m.dtype if m.dtype in DTYPES else "float32",
+            Offer(f"member {m.id} ({m.name})", 0 if holds and self.holds.held(m.name, now) else m.free_bytes,
+                  m.dtype if m.dtype in DTYPES else "float32",
                   q if (q := follow(m.quant, m.device, t.quant)) in QUANT_BYTES else "none", m.ms_per_layer,
                   0.0 if math.isnan(m.rtt_ms) else m.rtt_ms) for m in live]
 
@@ -110,16 +116,31 @@ class Planner:
                 return self.why or f"member {m.id} ({m.name}) is {m.state}" + (f": {m.error}" if m.error else "")
         return self.broken.get(self.epoch, "")
 
-    def link_down(self, epoch: int | None, why: str) -> None:
+    def link_down(self, epoch: int | None, why: str, into: Member | None = None) -> None:
         """A data link of plan `epoch` broke (a member said so, or the host's own first hop or return link ended):
         if that is the current plan, its passes fail now (peers/host/return_link.py) and the ring is re-wired.
-        A link of an older plan ending is the re-plan that replaced it."""
+        A link of an older plan ending is the re-plan that replaced it. `into`: the member the link led into."""
         if epoch != self.epoch or epoch in self.broken or not self.ring or self.roster.closing:
             return
         if self.nursery is not None:
-            self.nursery.start_soon(self._break, epoch, why)
+            self.nursery.start_soon(self._break, epoch, why, into)
 
-    async def _break(self, epoch: int, why: str) -> None:
+    def fault(self, m: Member) -> None:
+        """Member `m` was lost, or the link into it broke: held out for a while if that is twice within a minute."""
+        if seconds := self.holds.fault(m.name, time.monotonic()):
+            log.warning("member %d (%s) broke twice within a minute: no layers for it for %.0f s", m.id, m.name,
+                        seconds)
+            self.on_hold(m, seconds)
+
+    def into(self, m: Member, hop: str) -> Member | None:
+        """The member a link that member `m` reported broken led into: itself for its previous hop's, the next
+        ring member for its next hop's (none where that is the host's return link)."""
+        if hop == "prev hop":
+            return m
+        i = next((i for i, r in enumerate(self.ring) if r is m), None)
+        return self.ring[i + 1] if hop == "next hop" and i is not None and i + 1 < len(self.ring) else None
+
+    async def _break(self, epoch: int, why: str, into: Member | None = None) -> None:
         """A moment first: a member that leaves (Ctrl+C) or dies closes its links as its control link says so, and
         that is a departure or a loss, re-planned as one (peers/plan/roster.py), not a broken link."""
         await trio.sleep(LINK_GRACE_S)
@@ -128,6 +149,8 @@ class Planner:
         if gone := [m for m in self.ring if m.left or m.state == "lost"]:
             return log.info("a link of plan %d broke as member %d left or was lost", epoch, gone[0].id)
         self.broken = {epoch: f"a link of plan {epoch} broke: {why}"}
+        if into is not None:
+            self.fault(into)
         if self.gate.replanning:  # the re-plan under way replaces it (and may have closed that link itself)
             return log.info("%s", self.broken[epoch])
         log.warning("%s; re-wiring", self.broken[epoch])
@@ -142,7 +165,7 @@ class Planner:
         except (ChannelClosed, WireError) as e:
             why = str(e)
         if self.first_hop is ch:
-            self.link_down(epoch, f"the first hop: {why}")
+            self.link_down(epoch, f"the first hop: {why}", self.ring[0] if self.ring else None)
 
     def healthy(self) -> bool:
         return not self.problem()
@@ -185,8 +208,7 @@ class Planner:
         live = self.roster.live()
         # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
         try:
-            spans = self._rewire(live) or plan(t.size, self.offers(live), t.max_context, self.drafter_bytes,
-                                               t.conversations, t.placement, t.serving)
+            spans = self._rewire(live) or self._plan(live)
         except FitError as e:
             if self.left_out:  # say why the ring is smaller than it was
                 raise FitError("; ".join(self.left_out) + f"; the rest of the ring {e}",
@@ -195,7 +217,7 @@ class Planner:
         await self._fetch_own(spans[0])  # before anything changes: a failed fetch leaves the ring as it was
         self.planned = epoch = max(self.planned, self.epoch) + 1  # a new number each try: no late "ready" counts
         ring = sorted((m for m, s in zip(live, spans[1:]) if s.size), key=lambda m: spans[1 + live.index(m)].start)
-        offers = self.offers(live)
+        offers = self.offers(live, holds=False)
         self._predict(offers, spans, live)
         planned = [planned_bytes(t.size, o, s, t.max_context, t.conversations) for o, s in zip(offers, spans)]
         self.host_planned = planned[0] + host_bytes(t.size, t.dtype, self.drafter_bytes)
@@ -264,6 +286,20 @@ class Planner:
                  "" if math.isnan(self.predicted_ms) else f", predicted {self.predicted_ms:.1f} ms per token")
         self.on_change()
         return True
+
+    def _plan(self, live: list[Member]) -> list:
+        """Spans for the host and `live`, the members held out given none; where the rest cannot hold the model
+        without them, they are planned in all the same."""
+        t = self.target
+        try:
+            return plan(t.size, self.offers(live), t.max_context, self.drafter_bytes, t.conversations, t.placement,
+                        t.serving)
+        except FitError:
+            if self.offers(live) == self.offers(live, holds=False):
+                raise
+            log.info("the ring cannot hold the model without the members held out: planned in all the same")
+            return plan(t.size, self.offers(live, holds=False), t.max_context, self.drafter_bytes, t.conversations,
+                        t.placement, t.serving)
 
     def _predict(self, offers: list[Offer], spans: list, live: list[Member]) -> None:
         """The plan's predicted ms per token, and each stage's share of it (nan where someone did not measure)."""

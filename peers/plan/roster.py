@@ -104,10 +104,10 @@ class Roster:
     when a member is lost."""
 
     def __init__(self, *, tls: bool, heartbeat_s: float, dead_after_s: float, on_change, on_join,
-                 on_lost=lambda m: None, on_link=lambda epoch, why: None):
+                 on_lost=lambda m: None, on_link=lambda epoch, why, m, hop: None):
         self.tls, self.heartbeat_s, self.dead_after_s = tls, heartbeat_s, dead_after_s
         self.on_change, self.on_join, self.on_lost = on_change, on_join, on_lost
-        self.on_link = on_link  # (epoch, why): a member says a data link of that plan broke
+        self.on_link = on_link  # (epoch, why, member, hop): a member says its link of that plan broke
         self.members: list[Member] = []
         self.ids = itertools.count(1)
         self.joined = trio.Condition()
@@ -186,8 +186,9 @@ class Roster:
 
     def _link(self, m: Member, msg: dict) -> None:
         if isinstance(msg.get("epoch"), int):
-            self.on_link(msg["epoch"], f"member {m.id} ({m.name}): its {str(msg.get('hop'))[:20]} link broke: "
-                                       f"{str(msg.get('error'))[:300]}")
+            hop = str(msg.get("hop"))[:20]
+            self.on_link(msg["epoch"], f"member {m.id} ({m.name}): its {hop} link broke: "
+                                       f"{str(msg.get('error'))[:300]}", m, hop)
 
     async def heartbeat(self) -> None:
         """Ping every member; one silent for dead_after_s (killed, stopped, cut off) is declared lost.

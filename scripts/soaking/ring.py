@@ -143,13 +143,15 @@ class Ring:
         return self.http.get("/health").json()
 
     def ready(self) -> bool:
-        """Every member holds layers and is ready, and no re-plan is under way."""
+        """Every member holds layers and is ready (or is held out for breaking twice within a minute: it is
+        planned in again when its hold ends), and no re-plan is under way."""
         try:
             h = self.health()
         except (httpx.HTTPError, ValueError):
             return False
         members = h.get("members", [])[1:]
-        ready = [m for m in members if m["state"] == "ready" and m["layers"] not in ("", "none")]
+        ready = [m for m in members if m["state"] == "held" or
+                 m["state"] == "ready" and m["layers"] not in ("", "none")]
         return h["status"] == "ok" and len(ready) == len(self.members)
 
     def wait_ready(self, timeout: float) -> bool:

@@ -13,6 +13,7 @@ from peers.speculation.adaptive import KPolicy
 from peers.speculation.drafting import Drafter
 from peers.speculation.sampling import SamplingParams
 from sfchat.local import local_name
+from tiny import make_model
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 N = 24
@@ -73,3 +74,39 @@ def test_a_member_stopped_for_two_seconds_is_not_planned_out(tiny_llama):
             return r.token_ids
 
     assert trio.run(main) == reference_ids(tiny_llama, PROMPT, N)
+
+
+def test_a_member_stopped_for_two_seconds_in_a_long_prefill_is_not_planned_out(tmp_path):
+    """The prompt's prefill (2,000 positions of a wider model) is under way when a member stops for 2 s: the ring
+    waits for it; nothing is re-planned, and the answer is exact."""
+    model = make_model(tmp_path / "wide", "llama", layers=3, hidden=1024, intermediate_size=128,
+                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+    prompt = " ".join([PROMPT] * 64)
+
+    async def main():
+        async with running_ring(model, 2, placement="memory") as (host, lp):
+            host.auto_replan = True
+            epoch, events = host.epoch, []
+            assert all(m.span.size for m in host.ring)
+
+            async def pause():
+                await trio.sleep(0.1)  # the prefill has begun
+                lp.procs[0].send_signal(signal.SIGSTOP)
+                await trio.sleep(2.0)
+                lp.procs[0].send_signal(signal.SIGCONT)
+
+            def on_round(ev):
+                events.append((time.monotonic() - t0, ev))
+
+            t0 = time.monotonic()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pause)
+                _, r = await new_chat(host).reply(prompt, drafter=Drafter(), params=SamplingParams(),
+                                                  policy=KPolicy(), max_new_tokens=4, on_round=on_round)
+            first = min(t for t, e in events if e["event"] == "round")
+            assert first > 2.0, f"the prefill was done {first:.1f} s in: before the member stopped and went on"
+            assert not [e for _, e in events if e["event"] == "recovering"], events
+            assert host.epoch == epoch and all(m.state == "ready" for m in host.ring)
+            return r.token_ids
+
+    assert trio.run(main) == reference_ids(model, prompt, 4)

@@ -1,6 +1,7 @@
 """The ring panel: every member with address, layers, device, measured ms per layer and share of the predicted time
 per token, memory in use and its peak (resident set on a CPU, allocated tensors on a GPU), round-trip time and state
-(a spare holds no layers: the plan by speed left it out, and uses it first when a member fails); the invite, its command on one line that never wraps
+(a spare holds no layers: the plan by speed left it out, and uses it first when a member fails; a held one broke
+twice within a minute and is planned in again when its hold ends); the invite, its command on one line that never wraps
 (a TLS fingerprint broken over lines cannot be selected and pasted); with --serve, the endpoint, its requests in
 flight and the conversations each member holds caches for."""
 from __future__ import annotations
@@ -18,7 +19,7 @@ COLUMNS = ("name", "address", "layers", "state", "ms/layer", "share", "device", 
 WIDTHS = {"layers": 7, "ms/layer": 8, "share": 5, "memory": 8, "peak": 8, "rtt": 8, "state": 8}  # these change in place: fixed, so no re-layout
 NOTE_WIDTH = 46  # the invite's note beside the table: #invite's width and padding in sfchat.tcss
 STATE_STYLES = {"ready": "$success", "joining": "$warning", "loading": "$warning", "spare": "$text-muted",
-                "idle": "$text-muted",
+                "held": "$warning", "idle": "$text-muted",
                 "lost": "$error", "failed": "$error", "waiting": "$error", "left": "$text-muted"}
 
 
