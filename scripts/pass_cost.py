@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from peers.base.locations import models_dir  # noqa: E402
 from peers.models.source import DEFAULT_MODEL  # noqa: E402
 from peers.compute.cpu_linear import use_columns  # noqa: E402
-from peers.compute.shard import Shard, Span, load_config  # noqa: E402
+from peers.compute.loading import load_config  # noqa: E402
+from peers.compute.shard import Shard, Span  # noqa: E402
 
 
 CLOCK = time.perf_counter

@@ -1,65 +1,27 @@
-"""One contiguous range of a model's decoder layers, loaded alone from safetensors and run with
-transformers' own decoder layers and rotary embedding, on a KV arena of our own (peers/compute/kv.py) whose masks
-are computed on the device, so short passes can replay as CUDA graphs (peers/compute/graphs.py).
+"""One contiguous range of a model's decoder layers (loaded by peers/compute/loading.py), run with transformers'
+own decoder layers and rotary embedding, on a KV arena of our own (peers/compute/kv.py) whose masks are computed on
+the device, so short passes can replay as CUDA graphs (peers/compute/graphs.py).
 
 The first stage also holds the token embedding; the host's shard also holds the final norm and LM head.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from peers.models import families as architectures
 from peers.compute import kv, packed
 from peers.base import tree_layout
-from peers.compute import cpu_quant, quant as quantization
-from peers.models.checkpoint import Stored, locations, weight_files
 from peers.compute.cpu_linear import use_columns
 from peers.compute.graphs import Graphs, pad, shape
-from peers.compute.memory import release_freed
+from peers.compute.loading import Kept, load_config, load_parts
 from peers.base.errors import ModelError
 from peers.base.limits import CONVERSATIONS, MAX_CONTEXT, cache_positions
 from peers.base.span import Span
 from peers.compute.kv import RoomError, SessionCache
-from peers.models.reader import read, read_rows
 from peers.base.dtypes import DTYPES
-
-def load_config(model_dir: Path):
-    """The model's config, refused in one line if sfchat cannot split its architecture."""
-    config = AutoConfig.from_pretrained(model_dir)
-    family = architectures.family(config.model_type)
-    if getattr(config, "quantization_config", None):
-        del config.quantization_config
-    config._attn_implementation = family.attention
-    return config
-
-
-def rollback_cache(config) -> DynamicCache:
-    """A cache that can be trimmed back by the last pass's positions. A sliding-window layer keeps only its last
-    window - 1 states unless told to keep a pass's worth more until the next trim (which every pass does)."""
-    cache = DynamicCache(config=config)
-    for layer in cache.layers:
-        if hasattr(layer, "activate_past_recording"):
-            layer.activate_past_recording()
-    return cache
-
-
-@dataclass
-class Kept:
-    """What a shard hands the next one on the same process: its loaded layers by index, its embedding and head,
-    and what they were loaded as. A re-plan that moves a span's ends then reads and quantizes only the layers the
-    new span lacks (a member lost: the others take its layers on in about the time their own would take)."""
-
-    loaded_as: tuple  # (model_dir, dtype, quant, device)
-    layers: dict[int, torch.nn.Module]
-    embed: torch.nn.Module | None = None
-    norm: torch.nn.Module | None = None
-    lm_head: torch.nn.Module | None = None
 
 
 class Shard:
@@ -79,38 +41,18 @@ class Shard:
         self.hidden_size = config.hidden_size
         self.kv_heads = config.num_key_value_heads or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        # the module tree is built on the meta device (no memory), then only our tensors are read and assigned
-        with torch.device("meta"):
-            full = AutoModelForCausalLM.from_config(config)
-        inner = full.model
-        packed.route(config)  # attention through peers/compute/packed.py: several conversations can share a pass
-        self.layers = torch.nn.ModuleList(inner.layers[span.start : span.end])
-        self.embed = inner.embed_tokens if embed else None
-        self.norm = inner.norm if head else None
-        self.lm_head = full.lm_head if head else None
         self.family = architectures.family(config.model_type)
         self.layer_types = self.family.layer_types(config)
-        self.rotary = self.family.rotary(config, inner, self.device, self._kinds())
         self.quant = quant
-        # swapped on the meta device, each matrix quantized as it is read: torch's int4/int8 kernels on a CPU
-        # (the head too: the largest matrix of all), bitsandbytes for nf4 and on CUDA (peers/compute/quant.py)
-        on_cpu = self.device.type == "cpu" and quant in cpu_quant.KINDS
-        self.quantizer = cpu_quant if on_cpu else quantization
-        if on_cpu:
-            cpu_quant.swap_linears(self.layers, quant)
-            # the head in int8 whatever the kind: a GGUF's embedding is mostly 6 or 8 bits, and 4 cost 3% perplexity
-            self.lm_head = cpu_quant.swapped(self.lm_head, "int8")
-        elif quant != "none":
-            if quant not in quantization.KINDS:
-                raise ModelError(f"--quant {quant} runs on a CPU only; on CUDA use --quant nf4 or int8")
-            quantization.swap_linears(self.layers, quant, self.dtype)
-        self.loaded_as = (Path(model_dir), dtype, quant, str(self.device))
-        self._reuse(kept if kept is not None and kept.loaded_as == self.loaded_as else None)
-        self._load(model_dir)
+        parts = load_parts(model_dir, config, span, embed=embed, head=head, dtype=self.dtype, dtype_name=dtype,
+                           quant=quant, device=self.device, kept=kept)
+        self.layers, self.embed, self.norm, self.lm_head = parts.layers, parts.embed, parts.norm, parts.lm_head
+        self.loaded_as = parts.loaded_as
+        self.rotary = self.family.rotary(config, parts.inner, self.device, self._kinds())
         use_columns(self.layers, self.lm_head)  # on a CPU, the head's few rows at the memory's full speed
         if self.embed is not None:
             self.family.prepare_embedding(config, self.embed, self.device)
-        del full, inner
+        del parts
         capture = graphs and self.device.type == "cuda"
         self.graphs = Graphs(self.device, capture) if capture or padded else None
         self.context = context or min(getattr(config, "max_position_embeddings", 0) or MAX_CONTEXT, MAX_CONTEXT)
@@ -128,75 +70,6 @@ class Shard:
                   if span.start <= i < span.end}
         return Kept(self.loaded_as, layers, self.embed if embed else None, *((self.norm, self.lm_head) if head
                                                                              else (None, None)))
-
-    def _reuse(self, kept: Kept | None) -> None:
-        """Put the kept parts in place of the meta-device ones; _wanted() then leaves them out."""
-        parts = []
-        for i, layer in (kept.layers.items() if kept is not None else ()):
-            if self.span.start <= i < self.span.end:
-                self.layers[i - self.span.start] = layer
-                parts.append(layer)
-        if kept is not None and self.embed is not None and kept.embed is not None:
-            self.embed = kept.embed
-            parts.append(self.embed)
-        if kept is not None and self.lm_head is not None and kept.lm_head is not None:
-            self.norm, self.lm_head = kept.norm, kept.lm_head
-            parts += [self.norm, self.lm_head]
-        self.reused = {id(m) for m in parts}
-
-    def _wanted(self) -> dict[str, tuple[torch.nn.Module, str]]:
-        """checkpoint tensor name -> (module, parameter name in that module)"""
-        want = {}
-        for i, layer in zip(range(self.span.start, self.span.end), self.layers):
-            for n, _ in layer.named_parameters() if id(layer) not in self.reused else ():
-                want[f"model.layers.{i}.{n}"] = (layer, n)
-        if self.embed is not None and id(self.embed) not in self.reused:
-            want["model.embed_tokens.weight"] = (self.embed, "weight")
-        if self.norm is not None and id(self.norm) not in self.reused:
-            want["model.norm.weight"] = (self.norm, "weight")
-        return want
-
-    def _load(self, model_dir: Path) -> None:
-        files = weight_files(model_dir)  # every tensor's file, from the index (only this shard's need be here)
-        want = self._wanted()
-        if self.lm_head is not None and id(self.lm_head) not in self.reused:
-            # a tied head is not stored: it *is* the embedding matrix (leaving it unset gives garbage text)
-            head_key = "lm_head.weight" if "lm_head.weight" in files else "model.embed_tokens.weight"
-            if head_key not in files:
-                raise ModelError("the checkpoint has neither lm_head.weight nor embed_tokens to tie it to")
-            want_head = {head_key: (self.lm_head, "weight")}
-        else:
-            want_head = {}
-        missing = [k for k in want if k not in files]
-        if missing:
-            raise ModelError(f"checkpoint lacks {len(missing)} tensors of this shard, e.g. {missing[0]}")
-        stored = locations(model_dir, list(want) + list(want_head))
-        for k in list(want) + [k for k in want_head if k not in want]:
-            st, moved = stored[k], None  # a tied head shares the embedding's tensor on the device
-            for module, leaf in [self._slot(*t, st) for t in (want.get(k), want_head.get(k)) if t is not None]:
-                if self.quant != "none" and self.quantizer.is_quantized(module, leaf):  # read and quantized by rows
-                    full_precision = torch.float32 if self.quantizer is cpu_quant else self.dtype
-                    self.quantizer.quantize(module, partial(read_rows, st, dtype=full_precision), st.shape,
-                                            self.device)
-                    continue
-                moved = read(st, self.dtype).to(self.device) if moved is None else moved
-                setattr(module, leaf, torch.nn.Parameter(moved, requires_grad=False))
-            del moved  # one tensor in full precision at a time
-            if self.quant != "none":
-                release_freed()
-        for m in self.modules():
-            m.eval().requires_grad_(False)
-        release_freed()  # the full-precision copies read on the way
-
-    def _slot(self, module: torch.nn.Module, name: str, st: Stored) -> tuple[torch.nn.Module, str]:
-        """The module and attribute that module.name names, once the stored tensor's shape is the one it expects."""
-        *path, leaf = name.split(".")
-        for p in path:
-            module = getattr(module, p)
-        old = getattr(module, leaf)
-        if tuple(old.shape) != tuple(st.shape):
-            raise ModelError(f"tensor {name} has shape {tuple(st.shape)}, the model expects {tuple(old.shape)}")
-        return module, leaf
 
     def modules(self) -> list[torch.nn.Module]:
         return [m for m in (self.layers, self.embed, self.norm, self.lm_head) if m is not None]

@@ -33,7 +33,7 @@ from peers.models import source as models
 from peers.conversation.chat import eos_ids, load_tokenizer
 from peers.models.fingerprint import config_fingerprint
 from peers.compute.memory import default_device
-from peers.compute.shard import load_config
+from peers.compute.loading import load_config
 from peers.speculation.drafting import feature_net
 from peers.distill import teacher, train, weights
 

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from peers.speculation.drafting.feature_net import META_FILE, SHARED, VOCAB_FILE, FeatureDraft, target_tensors, build
 from peers.models.checkpoint import weight_files as _weight_files
-from peers.compute.shard import load_config
+from peers.compute.loading import load_config
 
 
 def choose_vocab(counts: torch.Tensor, size: int, always: set[int]) -> list[int]:

@@ -27,7 +27,8 @@ from peers.base.options import PeerOptions
 from peers.member.passes import DataPlane
 from peers.base.limits import CONVERSATIONS
 from peers.base.span import Span
-from peers.compute.shard import Kept, Shard
+from peers.compute.loading import Kept
+from peers.compute.shard import Shard
 from peers.links.tls import Endpoint as TLSEndpoint
 from peers.models.fingerprint import config_fingerprint
 

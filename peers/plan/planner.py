@@ -225,6 +225,29 @@ class Planner:
             m.assign(s, epoch)
             m.planned_bytes = b
         self.on_change()
+        if bad := await self._assign(ring, epoch, host_port):
+            self._leave_out(bad)
+            return False
+        await self._load_own(spans[0])
+        if (unreachable := await self._wire_first_hop(ring, epoch)) is not None:
+            self._leave_out([unreachable])
+            return False
+        self.ring, self.epoch = ring, epoch
+        self.drift.reset()  # new spans, new neighbours: new baselines
+        if self.first_hop is not None and self.nursery is not None:
+            self.nursery.start_soon(self._watch, self.first_hop, epoch)
+            await self.nursery.start(keep_alive, self.first_hop)  # the first member takes silence for a dead link
+        spares = [m for m in live if m.state == "spare"]
+        log.info("ring epoch %d: host %s%s%s; %s placement%s", epoch, spans[0],
+                 "".join(f" -> member {m.id} {m.span}" for m in ring),
+                 "".join(f", member {m.id} spare" for m in spares), t.placement,
+                 "" if math.isnan(self.predicted_ms) else f", predicted {self.predicted_ms:.1f} ms per token")
+        self.on_change()
+        return True
+
+    async def _assign(self, ring: list[Member], epoch: int, host_port: int) -> list[Member]:
+        """Each ring member told its span and next hop under `epoch`; the members that did not get ready."""
+        t = self.target
         for i, m in enumerate(ring):
             nxt = ring[i + 1].data_addr if i + 1 < len(ring) else "@host"
             pin = ring[i + 1].tls_fingerprint if i + 1 < len(ring) else self.tls.fingerprint
@@ -242,50 +265,42 @@ class Planner:
         for m in ring:
             with trio.move_on_after(600):
                 await m.ready.wait()
-        bad = [m for m in ring if m.state != "ready"]
-        if bad:
-            self._leave_out(bad)
-            return False
-        if self.shard is None or self.shard.span != spans[0]:
-            kept = None
-            if self.shard is not None:
-                kept = self.shard.keep(spans[0], embed=True, head=True)  # what the new span has: not read again
-                self.shard.close()
-            self.shard = None  # free the rest of the old span before loading the new one
-            give_back(t.device)
-            self.shard = await trio.to_thread.run_sync(
-                lambda: Shard(t.dir, spans[0], embed=True, head=True, dtype=t.dtype, quant=t.quant,
-                              device=t.device, graphs=t.graphs, context=t.max_context,
-                              conversations=t.conversations, kept=kept))
-            del kept
+        return [m for m in ring if m.state != "ready"]
+
+    async def _load_own(self, span: Span) -> None:
+        """The host's own span, with the embedding and head: only the layers it does not hold yet are read."""
+        t = self.target
+        if self.shard is not None and self.shard.span == span:
+            return
+        kept = None
+        if self.shard is not None:
+            kept = self.shard.keep(span, embed=True, head=True)  # what the new span has: not read again
+            self.shard.close()
+        self.shard = None  # free the rest of the old span before loading the new one
+        give_back(t.device)
+        self.shard = await trio.to_thread.run_sync(
+            lambda: Shard(t.dir, span, embed=True, head=True, dtype=t.dtype, quant=t.quant, device=t.device,
+                          graphs=t.graphs, context=t.max_context, conversations=t.conversations, kept=kept))
+
+    async def _wire_first_hop(self, ring: list[Member], epoch: int) -> Member | None:
+        """The host's link to the first member under `epoch` (none for a ring of the host alone); the first
+        member where it cannot be reached (gone since it said ready, or not where it says it listens)."""
         if (old := self.first_hop) is not None:
             self.first_hop = None  # (first: its watcher says nothing of a link closed here)
             await old.aclose()
-        if ring:
-            try:
-                stream = await TLSEndpoint.dial(await links.dial(ring[0].data_addr), ring[0].tls_fingerprint)
-                self.first_hop = Channel(stream, "first hop")
-                await client_handshake(self.first_hop, self.token, "data", epoch=epoch)
-            except (OSError, AuthError, ChannelClosed, trio.BrokenResourceError) as e:
-                # gone since it said ready (killed), or not where it says it listens: planned out, like a failure
-                self.first_hop = None
-                m = ring[0]
-                if m.state != "lost":
-                    m.state, m.error = "failed", f"cannot be reached at {m.data_addr}: {e}"
-                self._leave_out([m])
-                return False
-        self.ring, self.epoch = ring, epoch
-        self.drift.reset()  # new spans, new neighbours: new baselines
-        if self.first_hop is not None and self.nursery is not None:
-            self.nursery.start_soon(self._watch, self.first_hop, epoch)
-            await self.nursery.start(keep_alive, self.first_hop)  # the first member takes silence for a dead link
-        spares = [m for m in live if m.state == "spare"]
-        log.info("ring epoch %d: host %s%s%s; %s placement%s", epoch, spans[0],
-                 "".join(f" -> member {m.id} {m.span}" for m in ring),
-                 "".join(f", member {m.id} spare" for m in spares), t.placement,
-                 "" if math.isnan(self.predicted_ms) else f", predicted {self.predicted_ms:.1f} ms per token")
-        self.on_change()
-        return True
+        if not ring:
+            return None
+        try:
+            stream = await TLSEndpoint.dial(await links.dial(ring[0].data_addr), ring[0].tls_fingerprint)
+            self.first_hop = Channel(stream, "first hop")
+            await client_handshake(self.first_hop, self.token, "data", epoch=epoch)
+        except (OSError, AuthError, ChannelClosed, trio.BrokenResourceError) as e:
+            self.first_hop = None
+            m = ring[0]
+            if m.state != "lost":
+                m.state, m.error = "failed", f"cannot be reached at {m.data_addr}: {e}"
+            return m
+        return None
 
     def _plan(self, live: list[Member]) -> list:
         """Spans for the host and `live`, the members held out given none; where the rest cannot hold the model

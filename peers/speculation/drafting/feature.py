@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from transformers import DynamicCache
 
 from peers.compute import packed
 from peers.speculation import tree
@@ -16,7 +17,7 @@ from peers.compute.cpu_linear import use_columns
 from peers.models.fingerprint import config_fingerprint
 from peers.base.errors import ModelError
 from peers.speculation.sampling import SamplingParams, draw, position_generator
-from peers.compute.shard import load_config, rollback_cache
+from peers.compute.loading import load_config
 from peers.compute.runtime import DRAFT, RUNTIME
 from peers.compute.runtime import torch_threads
 from peers.speculation.tree import BRANCHES, Draft
@@ -31,6 +32,17 @@ from peers.speculation.drafting.together import Together
 COPY_WEIGHT = 0.4  # the share of a copied token in the draft's distribution (why: see FeatureDrafter)
 SHARPEN = 0.85  # the draft's logits over this (a temperature) make its greedy confidences calibrated (see _probs)
 MAX_UNSEEN = 16  # positions the draft will read without the target's feature (its own guesses stand in)
+
+
+
+def rollback_cache(config) -> DynamicCache:
+    """A cache that can be trimmed back by the last pass's positions. A sliding-window layer keeps only its last
+    window - 1 states unless told to keep a pass's worth more until the next trim (which every pass does)."""
+    cache = DynamicCache(config=config)
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()
+    return cache
 
 
 class FeatureDrafter(Drafter):

@@ -43,7 +43,8 @@ class DraftModel:
     that drafts the conversations drafting at the same time together (peers/speculation/drafting/together.py)."""
 
     def __init__(self, model_dir: Path, device: str, dtype: torch.dtype, conversations: int):
-        from peers.compute.shard import Shard, load_config
+        from peers.compute.loading import load_config
+        from peers.compute.shard import Shard
 
         n = load_config(model_dir).num_hidden_layers
         self.device = device

@@ -1,9 +1,9 @@
-"""A re-plan's shard keeps what the previous one loaded (peers/compute/shard.py, Kept): the layers both spans hold,
+"""A re-plan's shard keeps what the previous one loaded (peers/compute/loading.py, Kept): the layers both spans hold,
 the embedding and head, are the same modules, nothing of them is read again, and the new shard equals one
 loaded from scratch."""
 import torch
 
-import peers.compute.shard as shard_module
+import peers.compute.loading as loading_module
 from peers.base.span import Span
 from peers.compute.shard import Shard
 
@@ -16,8 +16,8 @@ def params(s: Shard) -> dict:
 def test_a_grown_span_keeps_its_layers_and_head_and_reads_only_the_new_layer(tiny_llama, monkeypatch):
     old = Shard(tiny_llama, Span(0, 2, 4), embed=True, head=True, quant="int8")
     asked = []
-    real = shard_module.locations
-    monkeypatch.setattr(shard_module, "locations", lambda d, names: asked.extend(names) or real(d, names))
+    real = loading_module.locations
+    monkeypatch.setattr(loading_module, "locations", lambda d, names: asked.extend(names) or real(d, names))
     new = Shard(tiny_llama, Span(0, 3, 4), embed=True, head=True, quant="int8",
                 kept=old.keep(Span(0, 3, 4), embed=True, head=True))
     assert asked and all(n.startswith("model.layers.2.") for n in asked)
