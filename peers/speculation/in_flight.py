@@ -19,12 +19,8 @@ cancelled: a member that has not started it skips it (peers/member/passes.py). S
 at a node, keyed by (seed, position), and the child that drafted it if there is one (peers/speculation/sampling.py);
 a node's children are drafted once, in one draw: a sampled hedge grows only under nodes that have none.
 
-The ring's caches. The host keeps the layout every stage's cache has for this conversation after each frame it
-sent: the committed positions in a row (`base`), then the nodes in the columns they were sent to. A frame names
-`committed` = base and `keep`: the columns of the nodes still alive or committed, in order. Each stage moves them
-up to base and appends the frame's rows after them (peers/compute/kv.py): one rollback rule for everything, replays,
-repeats and cancelled rounds included. An ancestor is always sent before its descendants, so the committed nodes
-lead the kept ones and base grows by them.
+The tree and the caches' layout are peers/speculation/flight_tree.py; here are the rounds: drafting them, sending
+them, landing their verdicts.
 """
 from __future__ import annotations
 
@@ -41,33 +37,13 @@ from peers.speculation.drafting import Drafter
 from peers.speculation.logprobs import TokenLogprob, token_logprobs
 from peers.base.errors import RingError
 from peers.host.host import Host, RingSession
-from peers.speculation.sampling import SamplingParams, draw, position_generator
+from peers.speculation.sampling import SamplingParams
 from peers.speculation.stats import RoundStats
-from peers.speculation.tree import Draft
-from peers.speculation.tree_sampling import ACCEPT
+from peers.speculation.flight_tree import Node, Tree
 
-END_POINTS = 2  # stops of the rounds in flight a round considers hedging: the likeliest (each is drafted)
 # a hedge's tree keeps the nodes at least this share as likely as the hedge: caught with nothing under it, a
 # hedge gains one token and moves the next plain round later by that
 HEDGE_TREE = 0.1
-
-
-@dataclass(eq=False)
-class Node:
-    token: int
-    parent: Node | None
-    pos: int  # its position in the conversation
-    cond: float = 1.0  # the drafter's chance of it given its parent (1: the target's own token)
-    q: torch.Tensor | None = None  # (sampled drafts) the distribution it was drawn from: its parent's
-    children: list[Node] = field(default_factory=list)  # in the order drafted
-    flight: Flying | None = None  # the round that carried it
-    col: int = -1  # its cache column at every stage, once sent
-    best: int | None = None  # the target's greedy choice after it, once its round is back
-    p: torch.Tensor | None = None  # (sampled) the target's distribution after it
-    logits: torch.Tensor | None = None  # (with logprobs asked for) the target's logits after it
-    feat: torch.Tensor | None = None  # the target's final features at it
-    committed: bool = False
-    dead: bool = False
 
 
 @dataclass(eq=False)
@@ -96,76 +72,11 @@ class Flight:
                  eos: set[int], tokens: list[int]):
         self.host, self.rs, self.drafter, self.params, self.policy, self.eos = host, rs, drafter, params, policy, eos
         self.tokens = tokens
-        self.base = host.committed(rs)  # positions in a row every stage holds
-        root = tokens[self.base - 1] if self.base else None
-        self.root = Node(root, None, self.base - 1, committed=True)  # the last of them (a stand-in: never sent)
-        self.head, self.cols = self.root, []  # the last committed token; the nodes in the columns after base
-        self.unobserved: deque[Node] = deque()  # committed tokens whose features a feature draft has not had
-        for t in tokens[self.base:]:  # tokens the ring lacks: the first round carries them
-            self._commit(Node(t, self.head, self.head.pos + 1))
+        self.tree = Tree(tokens, host.committed(rs))
         self.flying: deque[Flying] = deque()
         self.last_landing = time.perf_counter()
         self.plain_nodes = 0  # the drafts of the last plain round (nothing in flight beside it)
         self.logprobs: list[TokenLogprob] = []  # the last verdict's, with params.logprobs set
-
-    # --- the tree ------------------------------------------------------------------------------------------
-
-    def _commit(self, n: Node) -> None:
-        n.committed = True
-        n.parent.children = [n]
-        self.head = n
-        self.unobserved.append(n)
-
-    def _kill(self, n: Node) -> None:
-        stack = [n]
-        while stack:
-            m = stack.pop()
-            m.dead = True
-            stack.extend(m.children)
-
-    def _unsent(self) -> list[Node]:
-        """Committed tokens no round has carried yet (the ring lacks them): the head and those above it."""
-        out, n = [], self.head
-        while n is not self.root and n.flight is None and n.col < 0:
-            out.insert(0, n)
-            n = n.parent
-        return out
-
-    def _alive(self) -> list[Node]:
-        """The head and every node below it, parents first."""
-        out, stack = [], [self.head]
-        while stack:
-            n = stack.pop()
-            out.append(n)
-            stack.extend(reversed(n.children))
-        return out
-
-    @staticmethod
-    def _below(n: Node) -> int:
-        """How many nodes the tree has under n."""
-        count, stack = 0, list(n.children)
-        while stack:
-            m = stack.pop()
-            count += 1
-            stack.extend(m.children)
-        return count
-
-    @staticmethod
-    def _path(n: Node, top: Node) -> list[int]:
-        """The tokens from below `top` down to n."""
-        out = []
-        while n is not top:
-            out.insert(0, n.token)
-            n = n.parent
-        return out
-
-    def _chance(self, n: Node) -> float:
-        """Its chance of being reached from the head."""
-        c = 1.0
-        while n is not self.head:
-            c *= n.cond
-            n = n.parent
-        return c
 
     # --- the rounds ----------------------------------------------------------------------------------------
 
@@ -173,7 +84,7 @@ class Flight:
         """The next round to send, drafted now, or None when none is worth sending."""
         if any(g.error is not None for g in self.flying):
             return None  # a round failed: nothing more builds on it (its verdict raises the failure)
-        unsent = self._unsent()
+        unsent = self.tree.unsent()
         live = sum(not g.cancelled for g in self.flying)
         if not unsent and (not live or live >= self.policy.rounds_in_flight()):
             return None
@@ -197,14 +108,14 @@ class Flight:
         if k <= 0:
             return []
         options = []  # (the chance it is needed, the stop it covers, its nodes with their chances)
-        for chance, at in self._ends(floor):
-            context = self.tokens + self._path(at, self.head)
+        for chance, at in self.tree.ends(floor, self.params.greedy):
+            context = self.tokens + self.tree.path(at, self.tree.head)
             # as many nodes as are below it already, and `nodes` more: the draft ranks the ones sent among them
             d = await self.drafter.draft_tree(context, floor / chance if chance else 1.0, k,
-                                              nodes + self._below(at), params=self.params)
-            made = self._graft(at, chance, d)
+                                              nodes + self.tree.below(at), params=self.params)
+            made = self.tree.graft(at, chance, d, self.params.greedy)
             guesses = {id(n) for _, n in made if n.parent is at}  # new children of the stop: the hedges
-            mine = [(c, n) for c, n in made if id(self._child_of(n, at)) in guesses]
+            mine = [(c, n) for c, n in made if id(self.tree.child_of(n, at)) in guesses]
             ours = {id(n) for _, n in mine}
             for _, n in made:  # the rest is under another stop (its own hedge is drafted there): out of the tree
                 if id(n) not in ours and n in n.parent.children:
@@ -221,7 +132,7 @@ class Flight:
             floor = chosen[0][0] * HEDGE_TREE
         chosen = [(c, n) for c, n in chosen[:nodes] if c >= floor]
         if plain and self.policy.tree_nodes is None:  # as many as the pass costs of this ring make worth it
-            chosen = chosen[:self.policy.select([c for c, _ in chosen], len(self._unsent()))]
+            chosen = chosen[:self.policy.select([c for c, _ in chosen], len(self.tree.unsent()))]
         if plain:
             self.plain_nodes = max(len(chosen), 1)
         sent = {id(n) for _, n in chosen}
@@ -231,78 +142,14 @@ class Flight:
                     n.parent.children.remove(n)
         return sorted((n for _, n in chosen), key=lambda n: n.pos)
 
-    @staticmethod
-    def _child_of(n: Node, top: Node) -> Node | None:
-        """The child of `top` that n is under (or is), if any."""
-        while n.parent is not None and n.parent is not top:
-            n = n.parent
-        return n if n.parent is top else None
-
-    def _ends(self, floor: float) -> list[tuple[float, Node]]:
-        """The likeliest places the rounds in flight stop at, where new nodes may go: (the chance of stopping
-        there, the node). Greedy: a node's chance less its children's (the target's token there is none of
-        them); sampled: only nodes with no children yet (their children are drawn once)."""
-        out = []
-        for n in self._alive():
-            if n.best is not None or n.p is not None:
-                continue  # resolved already (the walk goes past it as soon as it can)
-            chance = self._chance(n)
-            if self.params.greedy:
-                stop = chance - sum(self._chance(c) for c in n.children)
-            else:
-                stop = 0.0 if n.children else chance
-            if stop >= floor and stop > 0:
-                out.append((stop, n))
-        out.sort(key=lambda sn: -sn[0])
-        return [(self._chance(n), n) for _, n in out[:END_POINTS]]
-
-    def _graft(self, at: Node, chance: float, d: Draft) -> list[tuple[float, Node]]:
-        """The draft's tree under `at`, merged into the tree: a token already a child there is that child. Returns
-        the new nodes with their chances from the head."""
-        mapped: dict[int, Node] = {-1: at}
-        out = []
-        for i, (t, parent) in enumerate(zip(d.tokens, d.parents)):
-            up = mapped.get(parent)
-            if up is None:
-                continue
-            known = next((c for c in up.children if c.token == t), None)
-            if known is not None:
-                mapped[i] = known
-                continue
-            if not self.params.greedy and any(c.col >= 0 or c.flight is not None for c in up.children):
-                continue  # a sampled node's children are drawn once
-            up_sure = d.sure[parent] if parent >= 0 else 1.0
-            n = Node(t, up, up.pos + 1, cond=d.sure[i] / up_sure if up_sure > 0 else 0.0,
-                     q=d.q[i] if d.q is not None else None)
-            up.children.append(n)
-            mapped[i] = n
-            out.append((chance * d.sure[i], n))
-        return out
-
     def _frame(self, new: list[Node], draft_ms: float, hidden: bool) -> Flying:
-        """The frame for these new nodes, and the layout every stage's cache will have after it."""
-        kept = [n for n in self.cols if not n.dead]
-        order = kept + new
-        index = {id(n): i for i, n in enumerate(order)}
-        parents = []
-        for n in order:
-            p = index.get(id(n.parent), -1)
-            if p < 0 and n.parent.pos != self.base - 1:
-                raise AssertionError("a node's parent is neither sent nor the last committed position")
-            parents.append(p)
-        keep = [n.col for n in kept]
-        r = Round(self.rs, [n.token for n in new], [], parents, trio.Event(), committed=self.base, keep=keep)
+        """The round for these new nodes, laid out in every stage's cache after the nodes still alive."""
+        at = self.tree.lay_out(new)
+        r = Round(self.rs, [n.token for n in new], [], at.parents, trio.Event(), committed=at.committed, keep=at.keep)
         f = Flying(new, r, 1 + sum(not g.cancelled for g in self.flying), [n for n in new if not n.committed],
                    draft_ms, hidden, ahead=self.policy.rounds_in_flight() > 1)
-        for j, n in enumerate(order):
-            n.col = self.base + j
         for n in new:
             n.flight = f
-        lead = 0
-        while lead < len(order) and order[lead].committed:
-            lead += 1
-        self.base += lead
-        self.cols = order[lead:]
         self.flying.append(f)
         return f
 
@@ -380,7 +227,10 @@ class Flight:
                         n.p = probs[j]
                     if self.params.logprobs is not None:
                         n.logits = logits[j]
-        new, at_eos = self._walk(left)
+        new, at_eos, rows = self.tree.walk(left, self.params, self.eos)
+        self.tokens.extend(new)
+        if self.params.logprobs is not None:
+            self.logprobs = token_logprobs(torch.stack(rows), new, self.params.logprobs) if new else []
         verify_ms = (time.perf_counter() - t0) * 1e3
         self._observe()
         cancel = []
@@ -409,54 +259,15 @@ class Flight:
                                share=1 / r.batch, others=max(timing.get("positions", len(f.nodes)) - len(f.nodes), 0))
         return new, at_eos, cancel, r
 
-    def _walk(self, left: int) -> tuple[list[int], bool]:
-        """Down from the head while the target's choice there is known; commits at most `left` tokens."""
-        new: list[int] = []
-        rows: list[torch.Tensor] = []  # (with logprobs asked for) the target's logits where each was chosen
-        at_eos = False
-        while len(new) < left and not at_eos:
-            h = self.head
-            if h.best is None and h.p is None:
-                break
-            child, token = self._choose(h)
-            if self.params.logprobs is not None:
-                rows.append(h.logits)
-            for c in h.children:
-                if c is not child:
-                    self._kill(c)
-            if child is None:  # the target's own token: the next round carries it
-                child = Node(token, h, h.pos + 1)
-            elif h.children and child is not h.children[0] and child.flight is not h.children[0].flight:
-                child.flight.caught = True  # a hedge sent after the first guess caught this rejection
-            self._commit(child)
-            self.tokens.append(token)
-            new.append(token)
-            at_eos = token in self.eos
-        if self.params.logprobs is not None:
-            self.logprobs = token_logprobs(torch.stack(rows), new, self.params.logprobs) if new else []
-        return new, at_eos
-
-    def _choose(self, h: Node) -> tuple[Node | None, int]:
-        """The target's token after h: one of its children, or (None, a token of its own)."""
-        if self.params.greedy:
-            return next((c for c in h.children if c.token == h.best), None), h.best
-        # the target's own draw, keyed by (seed, position), then the child that drafted it if there is one: the
-        # same token as a plain round or no draft at all would take (peers/speculation/sampling.py)
-        y = draw(h.p, position_generator(self.params.seed, h.pos + 1, ACCEPT))
-        return next((c for c in h.children if c.token == y), None), y
-
     def _observe(self) -> None:
         """The target's features at the committed tokens, in order, for a draft that reads them."""
-        done = []
-        while self.unobserved and self.unobserved[0].feat is not None:
-            done.append(self.unobserved.popleft())
-        if done:
+        if done := self.tree.observed():
             self.drafter.observe(done[0].pos, [n.token for n in done], torch.stack([n.feat for n in done]))
 
     def settle(self) -> None:
         """(the answer ends, or a round failed) The session as the plain rounds keep it: every stage holds the
         committed positions in a row up to base (and lacks the last token, whose logits the next pass reads)."""
         self.rs.length = len(self.tokens)
-        self.rs.filled = max(self.rs.filled, self.base)
-        self.rs.ring_len = min(self.base, len(self.tokens) - 1)
+        self.rs.filled = max(self.rs.filled, self.tree.base)
+        self.rs.ring_len = min(self.tree.base, len(self.tokens) - 1)
 
