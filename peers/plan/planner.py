@@ -202,8 +202,7 @@ class Planner:
             say_left_out(m)
 
     async def _replan(self, host_port: int) -> bool:
-        """One plan; False if members could not take their spans (out of the next). The host loads its own span
-        last, once every member is ready: a plan that fails on the way leaves the host's layers as they were."""
+        """One plan; False if members could not take their spans (out of the next)."""
         t = self.target
         live = self.roster.live()
         # in bytes, before anything is loaded: a ring that cannot hold the model says so now (FitError)
@@ -225,10 +224,9 @@ class Planner:
             m.assign(s, epoch)
             m.planned_bytes = b
         self.on_change()
-        if bad := await self._assign(ring, epoch, host_port):
+        if bad := await self._assign_and_load(ring, epoch, host_port, spans[0]):
             self._leave_out(bad)
             return False
-        await self._load_own(spans[0])
         if (unreachable := await self._wire_first_hop(ring, epoch)) is not None:
             self._leave_out([unreachable])
             return False
@@ -244,6 +242,24 @@ class Planner:
                  "" if math.isnan(self.predicted_ms) else f", predicted {self.predicted_ms:.1f} ms per token")
         self.on_change()
         return True
+
+    async def _assign_and_load(self, ring: list[Member], epoch: int, host_port: int, span: Span) -> list[Member]:
+        """The members load their spans while the host loads its own (a loss costs the longest of the loads, not
+        their sum); the members that did not get ready. A plan that fails on the way leaves the host holding
+        its new span: the next plan keeps what it can of it."""
+        bad, error = [], None
+        async with trio.open_nursery() as nursery:
+            async def members():
+                nonlocal bad
+                bad = await self._assign(ring, epoch, host_port)
+            nursery.start_soon(members)
+            try:
+                await self._load_own(span)
+            except Exception as e:  # (raised below, outside the nursery: as itself, not in a group)
+                error = e
+        if error is not None:
+            raise error
+        return bad
 
     async def _assign(self, ring: list[Member], epoch: int, host_port: int) -> list[Member]:
         """Each ring member told its span and next hop under `epoch`; the members that did not get ready."""
