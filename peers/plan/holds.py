@@ -1,7 +1,7 @@
 """Members that keep breaking are held out for a while, as Petals' client bans a failing server.
 
 A member lost (killed, silent past the heartbeat limit), or the link into it broken, twice within WINDOW_S is given
-no layers for HOLD_S; each hold after that within RESET_S of the last lasts twice as long, up to MAX_HOLD_S. Every
+no layers for HOLD_S; each hold after that within RESET_S of the last lasts twice as long, up to 32x HOLD_S. Every
 fault costs the conversations a re-plan and a replay: a member that flaps would cost them again and again. A
 held member stays in the roster (a spare) and is planned in again when its hold ends, or at once where the rest of
 the ring cannot hold the model without it. Members are known by name: a process started again on the same machine
@@ -9,10 +9,18 @@ is the same member. Pure: free of trio and torch.
 """
 from __future__ import annotations
 
+import os
+
 WINDOW_S = 60.0  # two faults this close hold a member out
 HOLD_S = 15.0  # the first hold
-MAX_HOLD_S = 480.0
-RESET_S = 600.0  # a member clean this long after its last hold starts again at HOLD_S
+DOUBLINGS = 5  # the longest hold: HOLD_S x 2^5
+RESET_S = 600.0  # a member clean this long after its last hold starts again at the first
+
+
+def first_hold() -> float:
+    """HOLD_S, or SFCHAT_HOLD_S (0: no member is ever held out). The soak shortens it: its faults come every few
+    seconds by design, and members held out for minutes would leave it faulting a ring of the host alone."""
+    return float(os.environ.get("SFCHAT_HOLD_S") or HOLD_S)
 
 
 class Holds:
@@ -25,13 +33,14 @@ class Holds:
         """A fault of member `key` at `now`: the seconds it is held out from now, 0 for none."""
         times = [t for t in self.faults.get(key, []) if now - t < WINDOW_S] + [now]
         self.faults[key] = times
-        if len(times) < 2 or self.held(key, now):
+        first = first_hold()
+        if len(times) < 2 or self.held(key, now) or first <= 0:
             return 0.0
         if now - self.until.get(key, -RESET_S) >= RESET_S:
-            self.length[key] = HOLD_S
+            self.length[key] = first
         hold = self.length[key]
         self.until[key] = now + hold
-        self.length[key] = min(2 * hold, MAX_HOLD_S)
+        self.length[key] = min(2 * hold, first * 2**DOUBLINGS)
         self.faults[key] = []  # its faults count afresh after the hold
         return hold
 

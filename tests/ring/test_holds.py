@@ -3,14 +3,13 @@ until its hold ends, and the ring is then planned over it again by itself; answe
 import trio
 
 from helpers import greedy_reply, reference_ids, running_ring
-from peers.plan import holds
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 NONE = ("", "none")  # a member's row's layers where it holds none
 
 
 def test_a_member_lost_twice_within_a_minute_is_held_out_then_planned_in_again(tiny_llama, monkeypatch):
-    monkeypatch.setattr(holds, "HOLD_S", 4.0)  # (15 s in use)
+    monkeypatch.setenv("SFCHAT_HOLD_S", "4")  # (15 s in use)
 
     def row(host, name):
         return next((r for r in host.members_info()[1:] if r["name"] == name and r["state"] not in ("lost", "failed")),

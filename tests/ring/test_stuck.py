@@ -1,6 +1,6 @@
 """The waits that could hold a ring up for a pass timeout (the soak's 93-s stall, docs/reliability.md), each
-reproduced: a fresh member whose load outlasts a fixed wait while a frame has come for it, and a pass stuck in a
-send into a stopped member's full buffers. Each time the ring answers within seconds, exactly."""
+reproduced: a frame that comes before a member's next hop is wired, one whose member's load outlasts a fixed wait,
+and a pass stuck in a send into a stopped member's full buffers. Each time the ring answers within seconds."""
 import signal
 import socket
 import time
@@ -23,10 +23,51 @@ from tiny import make_model
 LOAD_S = 12.0  # past the 10 s a frame that came before any plan waits for one to begin
 
 
+async def early_frame(host, nursery, name: str):
+    """A member in this process, joined and not yet planned, and a frame on its previous hop's link (kept alive as
+    a ring link is) before it has a next hop: the link, and where the host's return link hands the frame."""
+    peer = Peer(PeerOptions(host.address, host.token, listen="127.0.0.1:0", device="cpu", name=name))
+    await nursery.start(peer.run)
+    await host.wait_members(1)
+    prev = Channel(await links.dial(host.members[0].data_addr), "test prev hop")
+    await client_handshake(prev, host.token, "data")
+    await nursery.start(keep_alive, prev)  # (its silence would be a dead link)
+    got, replies = trio.open_memory_channel(1)
+    host.returns.waiting[("early-sid", 7)] = (got, None)
+    await prev.send({"t": "fail", "epoch": 0, "sid": "early-sid", "seq": 7, "error": "upstream"})
+    return prev, replies
+
+
+async def still_open(prev: Channel, seconds: float) -> None:
+    with trio.move_on_after(seconds):
+        try:
+            await prev.recv()
+        except ChannelClosed as e:  # before: "no next hop yet", the link closed
+            raise AssertionError(f"the member closed the previous hop's link: {e}") from None
+
+
+def test_a_frame_before_the_next_hop_is_wired_waits_for_it(tiny_llama):
+    """A frame that reaches a member before its next hop is wired (its first plan on the way) waits for the hop
+    rather than close the link it came on: closing it would lose every later frame of the previous hop's, and the
+    host would learn of it only when a pass timed out."""
+    async def main():
+        async with running_ring(tiny_llama, 0, plan=False) as (host, _):
+            async with trio.open_nursery() as nursery:
+                prev, replies = await early_frame(host, nursery, "early")
+                await still_open(prev, 0.5)
+                await host.replan()  # wires the member's next hop: the host's return link
+                with trio.fail_after(10):
+                    msg = await replies.receive()
+                assert msg["t"] == "fail" and msg["error"] == "upstream"
+                await prev.aclose()
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 def test_a_frame_waits_out_a_fresh_members_long_load(tiny_llama, monkeypatch):
-    """The frame came on the previous hop's link before the member's first plan, and its load took 12 s: the
-    frame waits for the assign however long its load, not a fixed 10 s after which its link was closed (and
-    every frame behind it lost)."""
+    """The frame came before the member's first plan, and its load took 12 s: the frame waits for the assign
+    however long its load, not a fixed 10 s after which its link was closed (and every frame behind it lost)."""
     load = Peer._load
 
     def slow_load(self, *args):
@@ -38,15 +79,7 @@ def test_a_frame_waits_out_a_fresh_members_long_load(tiny_llama, monkeypatch):
     async def main():
         async with running_ring(tiny_llama, 0, plan=False) as (host, _):
             async with trio.open_nursery() as nursery:
-                peer = Peer(PeerOptions(host.address, host.token, listen="127.0.0.1:0", device="cpu", name="slow"))
-                await nursery.start(peer.run)
-                await host.wait_members(1)
-                prev = Channel(await links.dial(host.members[0].data_addr), "test prev hop")
-                await client_handshake(prev, host.token, "data")
-                await nursery.start(keep_alive, prev)  # as a ring link is kept (its silence: a dead link)
-                got, replies = trio.open_memory_channel(1)
-                host.returns.waiting[("early-sid", 7)] = (got, None)  # where the host's return link hands it
-                await prev.send({"t": "fail", "epoch": 0, "sid": "early-sid", "seq": 7, "error": "upstream"})
+                prev, replies = await early_frame(host, nursery, "slow")
                 await host.replan()  # the member's load: 12 s; its next hop (the host) wired after it
                 try:
                     with trio.fail_after(5):
@@ -54,11 +87,7 @@ def test_a_frame_waits_out_a_fresh_members_long_load(tiny_llama, monkeypatch):
                 except trio.TooSlowError:
                     raise AssertionError("the frame that came during the load was lost") from None
                 assert msg["t"] == "fail" and msg["error"] == "upstream"
-                with trio.move_on_after(0.2):
-                    try:
-                        await prev.recv()
-                    except ChannelClosed as e:
-                        raise AssertionError(f"the member closed the previous hop's link: {e}") from None
+                await still_open(prev, 0.2)
                 await prev.aclose()
                 nursery.cancel_scope.cancel()
 
