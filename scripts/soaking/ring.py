@@ -39,6 +39,13 @@ def rss_mb(pid: int) -> float:
 
 
 @dataclass
+def _ctrl_c() -> None:
+    """(in each child, before it runs) Ctrl+C as a terminal delivers it: a soak started in the background of a
+    shell without job control (`cmd &` in a script) inherits SIGINT ignored, and its ring would then never stop
+    when asked."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Proc:
     name: str
     cmd: list[str]
@@ -55,7 +62,7 @@ class Proc:
             out.write(f"\n=== soak: start {self.starts} at {time.strftime('%H:%M:%S')}\n")
             out.flush()
             self.popen = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=self.env, cwd=ROOT)
+                                          env=self.env, cwd=ROOT, preexec_fn=_ctrl_c)
         self.expected_exit = False
 
     @property
@@ -82,14 +89,19 @@ class Proc:
             self.signal(signal.SIGINT)
 
     def wait_end(self, timeout: float = 20) -> None:
-        """Its exit, or SIGKILL if it lingers."""
+        """Its exit, or, if it lingers, SIGABRT (faulthandler writes every thread's stack into its log: where it
+        hung), then SIGKILL."""
         if self.popen is None:
             return
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+            self.signal(signal.SIGABRT)
+            try:
+                self.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
 
 
 class Ring:
@@ -106,7 +118,7 @@ class Ring:
         # out and planned in again all along, not a ring of the host alone
         env = dict(os.environ, PYTHONPATH=str(ROOT), SFCHAT_TOKEN=token, PYTHONUNBUFFERED="1",
                    SFCHAT_LINK_IDLE_S=str(link_idle_s), SFCHAT_CPU_DTYPE="float32", SFCHAT_CPU_QUANT="none",
-                   SFCHAT_HOLD_S="1")
+                   SFCHAT_HOLD_S="1", PYTHONFAULTHANDLER="1")
         py = [sys.executable, "-m", "sfchat"]
         self.host = Proc("host", [*py, "serve", "--model", model, "--http-listen", f"127.0.0.1:{self.http_port}",
                                   "--ring-listen", f"127.0.0.1:{self.ring_port}", "--token", token,
