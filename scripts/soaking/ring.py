@@ -38,7 +38,6 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-@dataclass
 def _ctrl_c() -> None:
     """(in each child, before it runs) Ctrl+C as a terminal delivers it: a soak started in the background of a
     shell without job control (`cmd &` in a script) inherits SIGINT ignored, and its ring would then never stop
@@ -46,6 +45,7 @@ def _ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@dataclass
 class Proc:
     name: str
     cmd: list[str]

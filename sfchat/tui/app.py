@@ -54,6 +54,8 @@ class SfchatApp(App):
         self.exit(return_code=1 if self.fatal else 0)
 
     def on_unmount(self) -> None:
+        if self.engine is not None and self.engine.thread.is_alive():  # ended without the quit action (a test's
+            self.engine.close()  # run_test, say): its ring must not outlive the app, nor log into what runs next
         if self.log_handler is not None:
             logging.getLogger().removeHandler(self.log_handler)
 
