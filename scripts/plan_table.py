@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from tiny import qwen2_shapes  # noqa: E402
 
 from peers.plan.layers import ModelSize, Offer, host_bytes, layer_bytes, pass_bytes, plan, ring_bytes

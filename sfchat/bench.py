@@ -20,6 +20,7 @@ import sys
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
@@ -247,14 +248,23 @@ class Baseline:
 
 
 def load_baseline(args, model_dir, tokenizer) -> Baseline:
+    import torch
     from transformers import AutoModelForCausalLM
 
-    from peers import default_device, pick_dtype
-    from peers import DTYPES
+    from peers import DTYPES, default_device, pick_dtype
+    from peers.compute import cpu_quant
+    from peers.models.gguf_grid import stored_grid
+    from peers.models.source import DEFAULT_MODEL
 
     device = args.device or default_device()
     dt = DTYPES[pick_dtype(args.dtype, str(device))]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).to(device).eval()
+    quant = cpu_quant.pick_quant(args.quant, str(device), Path(model_dir).name == DEFAULT_MODEL)
+    if quant in cpu_quant.KINDS and not str(device).startswith("cuda"):  # the ring's kernels, on one process:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)  # quantized from float32
+        cpu_quant.quantize_model(model, quant, stored_grid(model_dir))                # as a shard's are
+        model = model.to(dt).eval()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).to(device).eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return Baseline(model, str(device), dt, pad)
 

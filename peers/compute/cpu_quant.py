@@ -16,6 +16,8 @@ import os
 
 import torch
 
+from peers.models.reader import read, read_rows
+
 KINDS = ("int4", "int8")
 GROUP = 32
 ROWS = 16  # the int4 kernel takes matrices of a multiple of 16 rows
@@ -95,6 +97,24 @@ def swapped(root: torch.nn.Module | None, kind: str) -> torch.nn.Module | None:
     return root
 
 
+def quantize_model(model: torch.nn.Module, kind: str, grid: dict) -> None:
+    """(bench's one-process row) a loaded transformers model on the ring's CPU kernels: each bias-free linear
+    swapped for `kind`'s layer as a shard's, filled from the GGUF's grid where it has one, else from its own float
+    weight; the head in int8."""
+    for name, module in list(model.named_modules()):
+        if not (isinstance(module, torch.nn.Linear) and module.bias is None):
+            continue
+        w = module.weight.detach().float()
+        new = swapped(torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta"),
+                      "int8" if name == "lm_head" else kind)
+        if isinstance(new, Int4Linear) and f"{name}.weight" in grid:
+            take_grid(new, grid[f"{name}.weight"])
+        else:
+            quantize(new, lambda a, b: w[a:b], tuple(w.shape))
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, new.eval())
+
+
 def is_quantized(module: torch.nn.Module, leaf: str) -> bool:
     return leaf == "weight" and isinstance(module, (Int4Linear, Int8Linear))
 
@@ -125,6 +145,23 @@ def quantize(module: torch.nn.Module, read_rows, shape: tuple[int, int], device:
         module.weight = torch.nn.Parameter(w, requires_grad=False)
         return
     del module.weight  # the int4 layer's weight was only its shape
+    module.register_buffer("weight", None, persistent=False)
+
+
+def take_grid(module: Int4Linear, grid) -> None:
+    """Fill an int4 layer from a GGUF's own grid (peers/models/gguf_grid.py): its codes packed a chunk of rows at
+    a time, scale = step and zero = offset + 8 step, with no float copy of the matrix."""
+    codes, offset, step = grid
+    rows, cols = module.out_features, module.in_features
+    packed = torch.empty(rows, cols // 2, dtype=torch.uint8)
+    for a, b in chunks(rows, max(1, CHUNK_BYTES // 4 // cols // BLOCK) * BLOCK):
+        two = read_rows(codes, a, b, torch.uint8)  # [n, cols/2]: code 2j in the low nibble, 2j+1 in the high
+        q = torch.stack([two & 15, two >> 4], -1).reshape(b - a, cols).to(torch.int32)
+        packed[a:b] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    off, st = read(offset, torch.float32), read(step, torch.float32)  # [rows, cols/32]
+    module.packed = packed
+    module.scales_zeros = torch.stack([st, off + 8 * st], -1).transpose(0, 1).to(COMPUTE).contiguous()
+    del module.weight
     module.register_buffer("weight", None, persistent=False)
 
 

@@ -19,6 +19,7 @@ from peers.compute import cpu_quant, packed, quant as quantization
 from peers.compute.memory import release_freed
 from peers.models import families as architectures
 from peers.models.checkpoint import Stored, locations, weight_files
+from peers.models.gguf_grid import stored_grid
 from peers.models.reader import read, read_rows
 
 
@@ -133,9 +134,13 @@ def _read(parts: Parts, model_dir: Path, span: Span, reused: set[int], dtype: to
     if missing:
         raise ModelError(f"checkpoint lacks {len(missing)} tensors of this shard, e.g. {missing[0]}")
     stored = locations(model_dir, list(want) + list(want_head))
+    grid = stored_grid(model_dir) if quantizer is cpu_quant else {}  # a GGUF's 4-bit matrices, as they were
     for k in list(want) + [k for k in want_head if k not in want]:
         st, moved = stored[k], None  # a tied head shares the embedding's tensor on the device
         for module, leaf in [_slot(*t, st) for t in (want.get(k), want_head.get(k)) if t is not None]:
+            if isinstance(module, cpu_quant.Int4Linear) and k in grid:
+                cpu_quant.take_grid(module, grid[k])
+                continue
             if quant != "none" and quantizer.is_quantized(module, leaf):  # read and quantized by rows
                 full_precision = torch.float32 if quantizer is cpu_quant else dtype
                 quantizer.quantize(module, partial(read_rows, st, dtype=full_precision), st.shape, device)

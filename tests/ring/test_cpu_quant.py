@@ -127,3 +127,25 @@ def test_the_plan_counts_a_cpu_layer_s_real_bytes_scales_included(kind, tiny_lla
     real = sum(t.numel() * t.element_size() for t in held) / 2
     planned = weight_bytes(m, "bfloat16", kind)
     assert real <= planned <= 1.05 * real, (real, planned)  # (int8's scale per row is planned as float32)
+
+
+def test_bench_s_plain_transformers_row_runs_the_ring_s_kernels_on_the_same_weights(tiny_llama):
+    """bench's one-process baseline under --quant int4: plain transformers whose matrices are the shard's int4
+    layers (the head int8), quantized from the same float32 weights: the same logits as a shard of every layer."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from sfchat.bench import load_baseline
+
+    base = load_baseline(SimpleNamespace(device="cpu", dtype="bfloat16", quant="int4"), tiny_llama,
+                         AutoTokenizer.from_pretrained(tiny_llama))
+    kinds = {type(m).__name__ for m in base.model.modules()}
+    assert "Int4Linear" in kinds and "Linear" not in kinds and type(base.model.lm_head) is cq.Int8Linear
+    s = Shard(tiny_llama, Span(0, 4, 4), embed=True, head=True, dtype="bfloat16", quant="int4")
+    ids = torch.tensor([[5, 17, 42, 99, 7]])
+    with torch.no_grad():
+        plain = base.model(ids).logits[0, -1].float()
+    ring = s.logits(one(s, s.new_session(), 0, ids)).float().reshape(-1, plain.numel())[-1]
+    assert torch.nn.functional.cosine_similarity(plain, ring, dim=0) > 0.999
+    assert plain.argmax() == ring.argmax()
