@@ -484,8 +484,9 @@ async def ring_row(args, ring, mode: str, spec: str | None, flight: int | str | 
                 await one(prompt, args.max_new_tokens, sample)
                 advance(f"{label} at {rtt_ms:g} ms: run {r + 1}/{args.runs}, prompt {i + 1}", 1)
             row.runs.append(sample)
-        row.members = [{k: m[k] for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes", "graphs",
-                                          "planned_bytes", "ms_per_layer", "share", "spare")}
+        row.members = [{k: m.get(k) for k in ("name", "layers", "device", "memory_bytes", "peak_memory_bytes",
+                                              "span_memory_bytes", "graphs", "planned_bytes", "ms_per_layer",
+                                              "share", "spare")}
                        for m in ring.host.members_info() if m["state"] not in ("lost", "left")]
         if cores is not None:  # what the system says each process may run on (not what was asked)
             pids = {"host": 0} | {local_name(i): p.pid for i, p in enumerate(ring.local.procs if ring.local else [])}

@@ -75,6 +75,7 @@ class Member:
                 "download": self.download,
                 "rtt_ms": None if math.isnan(self.rtt_ms) else round(self.rtt_ms, 2),
                 "memory_bytes": self.rss, "peak_memory_bytes": self.peak, "free_bytes": self.free_bytes,
+                "span_memory_bytes": max(self.rss - self.rss_before, 0) if self.rss_before else None,
                 "conversations": self.sessions, "graphs": self.graphs, "planned_bytes": self.planned_bytes,
                 "ms_per_layer": None if math.isnan(self.ms_per_layer) else round(self.ms_per_layer, 3),
                 "share": round(self.share, 3), "spare": self.state == "spare"}
