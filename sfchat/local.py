@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from .pinning import CORES_ENV
 PR_SET_PDEATHSIG = 1
 MAX_RESTARTS = 5  # a peer that keeps dying (it cannot load the model, say) is not started over and over
 PARENT_PID = "SFCHAT_DIE_WITH_PARENT"
+KEY_ENV = "SFCHAT_MEMBER_KEY"  # a local peer's join key: started again, it takes its lost place (number, row) back
 # -P: the installed sfchat, never a folder named sfchat (or peers, torch …) in the current directory
 SFCHAT = [sys.executable, "-P", "-m", "sfchat"]
 
@@ -83,8 +85,9 @@ class LocalPeers:
             path = logs / f"local-peer-{os.getpid()}-{i + 1}.log"
             self.log_paths.append(path)
             pin = {CORES_ENV: ",".join(map(str, cores[i]))} if i < len(cores) else {}
-            self.specs.append((cmd, env | pin))
-            self.procs.append(self.start(cmd, path, env | pin))
+            own_env = env | pin | {KEY_ENV: secrets.token_hex(8)}  # (the same key when it is started again)
+            self.specs.append((cmd, own_env))
+            self.procs.append(self.start(cmd, path, own_env))
 
     def start(self, cmd: list[str], log: Path, env: dict[str, str], mode: str = "w") -> subprocess.Popen:
         """Peer process `cmd`, its output into `log`."""

@@ -6,12 +6,14 @@ default here, in one place. A slash command that changes one setting makes a new
 """
 from __future__ import annotations
 
+import os
 import secrets
 from dataclasses import dataclass, field
 
 from peers import HostOptions, PeerOptions
 from peers import check_pin
 
+from .local import KEY_ENV
 from .settings import Settings
 
 DEFAULT_TEMPERATURE = 0.0  # greedy, where the model's generation_config names no temperature
@@ -128,5 +130,6 @@ def join_options(args) -> JoinOptions:
     peer = PeerOptions(args.address, args.token, model=args.model, listen=args.listen, advertise=args.advertise,
                        device=args.device, dtype=args.dtype, quant=args.quant, offer_gb=args.offer_gb,
                        name=args.name, relay=args.relay, tls_pin=args.tls and check_pin(args.tls),
-                       graphs=not args.no_graphs, key=secrets.token_hex(8), threads=args.threads)
+                       graphs=not args.no_graphs, key=os.environ.get(KEY_ENV) or secrets.token_hex(8),
+                       threads=args.threads)
     return JoinOptions(peer, stay=args.stay, retry_s=args.retry_s)

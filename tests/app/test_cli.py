@@ -90,6 +90,20 @@ def test_the_host_offers_what_offer_gb_says(tiny_llama):
     assert "refused: the host needs" in p.stderr and not p.stdout.strip(), p.stderr
 
 
+def test_serve_says_one_max_conversations_default_in_help_readme_startup_and_health(tiny_llama, tmp_path):
+    """Issue 48: help and the README said 4, serve's first line and /health 16."""
+    from serving import Server
+    serve = next(a for a in subcommands()["serve"]._actions if "--max-conversations" in a.option_strings)
+    assert serve.help.endswith("(default: 4)")
+    assert "`--max-conversations` (default 4:" in (ROOT / "README.md").read_text()
+    s = Server(tiny_llama, tmp_path / "serve.log", "--draft", "none")
+    try:
+        assert s.health()["conversations"]["max"] == 4
+        assert "(up to 4 conversations at once;" in s.log.read_text()
+    finally:
+        s.close()
+
+
 def test_version_and_bad_numbers_are_one_line():
     assert sfchat("--version").stdout.strip() == f"sfchat {__version__}"
     for args, says in ((["ask", "hi", "--local-peers", "-1"], "argument --local-peers: must be 0 or more, got -1"),

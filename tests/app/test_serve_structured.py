@@ -200,3 +200,16 @@ def test_a_template_without_tools_is_told_so():
         check_template(tok, user("x"), Tools((WEATHER["function"],), "auto"))
     assert e.value.status == 400 and "chat template has no tools" in str(e.value.body())
     check_template(tok, user("x"), Tools((WEATHER["function"],), "none"))  # shown none: nothing to refuse
+
+
+def test_json_object_answers_are_json_objects(server):
+    """response_format json_object: any JSON object, whole and streamed, greedy and sampled."""
+    c = client(server)
+    for i, temperature in enumerate((0, 1.0, 1.0)):
+        kw = dict(model=server.model, messages=user(f"some json {i}"), max_tokens=200, temperature=temperature, seed=i,
+                  response_format={"type": "json_object"})
+        r = c.chat.completions.create(**kw)
+        assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(**kw, stream=True)
+                           if ch.choices)
+        assert streamed == r.choices[0].message.content
