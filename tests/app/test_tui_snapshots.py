@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from peers.member.peer import PeerState
 from peers.compute.shard import Span
@@ -61,9 +62,9 @@ def round_event(i: int) -> dict:
                       "hedges_caught": i // 8}}
 
 
-def host_app() -> HostApp:
+def host_app(messages: list[dict] = MESSAGES) -> HostApp:
     args = parser().parse_args(["host", "--model", "smollm2-135m"])
-    conv = store.Conversation(id="snapshot", messages=[dict(m) for m in MESSAGES])
+    conv = store.Conversation(id="snapshot", messages=[dict(m) for m in messages])
     return HostApp(ring_options(args, settings.load()), settings.load(), conv, start_engine=False)
 
 
@@ -153,5 +154,49 @@ def test_an_answer_keeps_its_single_line_breaks():
                 await pilot.pause(0.1)
             await msg.end_stream()
             assert [str(p._content) for p in msg.query(MarkdownParagraph)] == ["one\ntwo\nthree"]
+
+    asyncio.run(main())
+
+
+def test_an_answer_markdown_would_swallow_still_shows():
+    """SmolLM2 counting ("1. 1. 2. 3. 4.") is, to Markdown, lists nested in lists down to an empty item, which
+    showed as an empty answer box: its text shows, reopened from a saved chat and while it streams in, and an
+    ordinary list still shows as a list."""
+    from textual.widgets._markdown import MarkdownOrderedList
+
+    from sfchat.tui.widgets.conversation import ChatMessage, Conversation
+
+    counting = "1. 1. 2. 3. 4."
+    listed = "Steps:\n\n1. one\n2. two"
+
+    def shown(app, widget) -> list[str]:
+        """The lines the screen shows inside the widget's border."""
+        r = widget.region
+        assert r.bottom <= app.size.height, r  # (all of it on the screen)
+        strips = app.screen._compositor.render_strips()[r.y + 1:r.bottom - 1]
+        return [s.crop(r.x + 1, r.right - 1).text.strip("│ ") for s in strips]
+
+    async def main():
+        app = host_app([{"role": "user", "content": "Count from 1 to 100"}, {"role": "assistant", "content": counting}])
+        async with app.run_test(size=SIZE) as pilot:
+            await fill_host(pilot)
+            conv = pilot.app.main_screen.query_one(Conversation)
+            saved = conv.query(ChatMessage)[-1]
+            assert saved.source == counting and shown(app, saved) == [counting]
+            await conv.remove_children()
+            for text in (counting, listed):
+                msg = await conv.add("assistant")
+                msg.start_stream()
+                for piece in re.findall(r"\S+\s*|\s+", text):
+                    msg.feed(piece)
+                    await pilot.pause(0.06)
+                await msg.end_stream()
+                await pilot.pause(0.1)
+                assert msg.source == text
+                got = shown(app, msg)
+                if text == counting:
+                    assert got == [counting]
+                else:  # (a list's own numbers are drawn by Textual: the items show as a list does)
+                    assert got == ["Steps:", "", "1. one", "2. two"] and len(msg.query(MarkdownOrderedList)) == 1
 
     asyncio.run(main())

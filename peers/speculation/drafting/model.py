@@ -109,6 +109,14 @@ class ModelDrafter(Drafter):
     def together(self) -> Together:
         return self.model.together
 
+    @property
+    def room(self) -> int:
+        """The positions it drafts within: its own context (max_position_embeddings, what its arena is sized by),
+        which may be shorter than the target's. Past it the draft proposes nothing and the ring runs plain rounds,
+        the simplest exact rule: its cache has no room much beyond it, a draft guesses poorly past the positions
+        it was trained for, and drafting on a window of the latest tokens would re-read that window every round."""
+        return self.model.shard.context
+
     def fork(self) -> Drafter:
         """Another conversation's drafter: the same weights and arena, a row of its own."""
         return ModelDrafter(None, self.target_vocab, device=self.device, name=self.name, model=self.model)
@@ -172,6 +180,7 @@ class ModelDrafter(Drafter):
     def chain_steps(self, context: list[int], n: int, params, stop=None):
         """(steps) A chain of n drafts: the context's new part, then one step per draft but the last; its result
         is (tokens, q)."""
+        n = min(n, self.room + 1 - len(context))  # the context and the n - 1 drafts fed back fit its room
         if n <= 0:
             return [], None
         t0 = time.perf_counter()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from markdown_it import MarkdownIt
+from markdown_it.token import Token
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown
 
@@ -18,8 +19,38 @@ def _hard_breaks(state) -> None:
                 child.type = "hardbreak"
 
 
+def _items_shown(state) -> None:
+    """A list item that would show nothing shows the text after its marker instead. A model counting ("1. 1. 2.
+    3. 4.") writes, to Markdown, lists nested in lists down to an empty item, which Textual draws as nothing at
+    all, the numbers included; the item now holds "1. 2. 3. 4." as text. Any other Markdown renders as before."""
+    tokens, out, i = state.tokens, [], 0
+    while i < len(tokens):
+        t = tokens[i]
+        out.append(t)
+        i += 1
+        if t.type != "list_item_open" or t.map is None:
+            continue
+        end, depth = i, 1  # its list_item_close
+        while depth:
+            depth += tokens[end].nesting
+            end += 1
+        end -= 1
+        if any(x.nesting == 0 and (x.type != "inline" or x.content.strip()) for x in tokens[i:end]):
+            continue  # something of it shows
+        rest = state.src.split("\n")[t.map[0]].split(t.info + t.markup, 1)[-1].strip()
+        if not rest:
+            continue  # a bare marker: nothing was swallowed
+        inline = Token("inline", "", 0, map=t.map, level=t.level + 2, content=rest, children=[])
+        state.md.inline.parse(rest, state.md, state.env, inline.children)
+        out += [Token("paragraph_open", "p", 1, map=t.map, level=t.level + 1), inline,
+                Token("paragraph_close", "p", -1, level=t.level + 1)]
+        i = end  # on to its list_item_close
+    state.tokens = out
+
+
 def chat_markdown() -> MarkdownIt:
     md = MarkdownIt("gfm-like")
+    md.core.ruler.after("inline", "items_shown", _items_shown)
     md.core.ruler.push("hard_breaks", _hard_breaks)
     return md
 
