@@ -10,7 +10,8 @@ matrix-vector one). Measured with `python scripts/pass_cost.py` (docs/benchmarks
 Smaller matrices keep F.linear: with two threads W @ x^T is faster there too, but it leans on every core at once,
 and where the ring's stages share a machine's cores it lost more than it won. Same arithmetic, another summation
 order: rows differ from F.linear's in their last bits, as F.linear's own rows already differ between M = 1 and
-M = 4. On other devices and dtypes (bf16 on a CPU included) F.linear is kept.
+M = 4. On other devices and dtypes (bf16 on a CPU included) F.linear is kept, and on CPUs where it was measured
+to lose (columns_win).
 """
 from __future__ import annotations
 
@@ -33,9 +34,22 @@ class ColumnsLinear(torch.nn.Linear):
         return y if self.bias is None else y + self.bias
 
 
-def use_columns(*modules: torch.nn.Module | None) -> None:
+def columns_win(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether W @ x^T beats F.linear on this CPU, as measured (docs/benchmarks.md): on AMD's (an EPYC) it does;
+    on Intel's (a Xeon with AMX, whose sgemm streams a few rows well) F.linear is the faster, 1.8-2.4x at 1-2 rows."""
+    try:
+        with open(cpuinfo) as f:
+            return any(ln.startswith("vendor_id") and "AuthenticAMD" in ln for ln in f)
+    except OSError:
+        return False
+
+
+def use_columns(*modules: torch.nn.Module | None, win: bool | None = None) -> None:
     """Every plain float32 nn.Linear of at least BIG weights on a CPU in these modules computes a few rows as
-    W @ x^T (not quantized ones, whose classes are nn.Linear's subclasses, nor those on a GPU)."""
+    W @ x^T (not quantized ones, whose classes are nn.Linear's subclasses, nor those on a GPU), where that wins
+    (`win`, by default columns_win())."""
+    if not (columns_win() if win is None else win):
+        return
     for root in modules:
         for m in root.modules() if root is not None else ():
             w = m.weight if type(m) is torch.nn.Linear else None

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from peers.compute.cpu_linear import BIG, ColumnsLinear, use_columns
+from peers.compute import cpu_linear
+from peers.compute.cpu_linear import BIG, ColumnsLinear, columns_win, use_columns
 from peers.base.span import Span
 from peers.compute.shard import Shard
 from tiny import make_model, one
@@ -24,7 +25,7 @@ def big():
 def test_same_products_as_linear(big, shape, bias):
     lin = torch.nn.Linear(IN, OUT, bias=bias)
     lin.load_state_dict({"weight": big.weight, **({"bias": big.bias} if bias else {})})
-    use_columns(lin)
+    use_columns(lin, win=True)
     assert type(lin) is ColumnsLinear
     x = torch.randn(*shape, IN)
     with torch.inference_mode():
@@ -39,14 +40,25 @@ def test_only_big_plain_float32_linears_on_a_cpu(big):
 
     m = torch.nn.ModuleDict({"big": big, "small": torch.nn.Linear(IN, 4),
                              "bf16": torch.nn.Linear(IN, OUT).to(torch.bfloat16), "own": Own(IN, OUT)})
-    use_columns(m, None)
+    use_columns(m, None, win=True)
     assert type(m["big"]) is ColumnsLinear
     assert type(m["small"]) is torch.nn.Linear and type(m["bf16"]) is torch.nn.Linear and type(m["own"]) is Own
-    use_columns(m)  # again: nothing changes
+    use_columns(m, win=True)  # again: nothing changes
     assert type(m["big"]) is ColumnsLinear
 
 
-def test_a_cpu_shard_computes_its_head_so_and_gives_the_same_logits(tmp_path):
+def test_only_on_cpus_where_it_was_measured_to_win(tmp_path, big):
+    for vendor, wins in (("AuthenticAMD", True), ("GenuineIntel", False)):
+        (tmp_path / vendor).write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu avx2\n")
+        assert columns_win(str(tmp_path / vendor)) is wins
+    assert columns_win(str(tmp_path / "none")) is False
+    lin = torch.nn.Linear(IN, OUT, bias=False)
+    use_columns(lin, win=False)
+    assert type(lin) is torch.nn.Linear
+
+
+def test_a_cpu_shard_computes_its_head_so_and_gives_the_same_logits(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "columns_win", lambda: True)
     model = make_model(tmp_path / "m", "llama", layers=2, vocab_pad=OUT)  # a vocabulary past BIG
     shard = Shard(model, Span(0, 2, 2), embed=True, head=True)
     assert type(shard.lm_head) is ColumnsLinear
