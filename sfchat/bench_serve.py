@@ -81,7 +81,7 @@ async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[st
     async with shaped_relay(rtt_ms / (args.local_peers + 1)) as relay:
         opts = RingOptions(HostOptions(model=args.model, dtype=args.dtype, quant=args.quant, device=args.device,
                                        relay=relay, graphs=not args.no_graphs, conversations=max(clients),
-                                       offer_gb=args.offer_gb),
+                                       offer_gb=args.offer_gb, placement=args.placement),
                            local_peers=args.local_peers, local_cores=local_cores)
         advance(f"serving at {rtt_ms:g} ms: starting {args.local_peers} peer(s)")
         async with open_ring(opts, announce=False) as ring, trio.open_nursery() as nursery:
@@ -103,7 +103,8 @@ async def serving_rows(args, rtt_ms: float, clients: list[int], prompts: list[st
                                                                    3),
                              "tokens_per_round": round(statistics.median(x["per_round"] for x in runs), 2),
                              "ttft_ms_p50": round(percentile(ttft, 0.5), 1),
-                             "ttft_ms_p95": round(percentile(ttft, 0.95), 1), "runs": args.runs})
+                             "ttft_ms_p95": round(percentile(ttft, 0.95), 1), "runs": args.runs,
+                             "layers": {m["name"]: m["layers"] for m in ring.host.members_info()}})
             nursery.cancel_scope.cancel()
     return rows
 

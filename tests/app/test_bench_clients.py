@@ -26,3 +26,4 @@ def test_bench_clients_rows(tiny_llama, tmp_path):
         assert r["aggregate_tokens_per_second"] > 0 and r["per_client_tokens_per_second"] > 0
         assert 0 < r["ttft_ms_p50"] <= r["ttft_ms_p95"]
         assert r["tokens_per_round"] >= 1.0  # every round commits at least the target's own token
+        assert set(r["layers"]) == {"host", "local-a"}  # where the layers were while it was measured
