@@ -23,7 +23,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=8192)
     args = ap.parse_args()
-    print(f"| model | dtype | processes | layers each | memory each (host first) | ring needs |")
+    print("| model | dtype | processes | layers each | memory each (host first) | ring needs |")
     print("|---|---|---|---|---|---|")
     for name, (n, h, i, heads, kv, vocab) in MODELS.items():
         config = {"num_hidden_layers": n, "hidden_size": h, "intermediate_size": i, "num_attention_heads": heads,

@@ -139,7 +139,7 @@ def test_an_answer_keeps_its_single_line_breaks():
     paragraph), also while it streams in."""
     from textual.widgets._markdown import MarkdownParagraph
 
-    from sfchat.tui.widgets.conversation import ChatMessage, Conversation
+    from sfchat.tui.widgets.conversation import Conversation
 
     async def main():
         app = host_app()
