@@ -126,42 +126,46 @@ def chunks(rows: int, step: int):
 def quantize(module: torch.nn.Module, read_rows, shape: tuple[int, int], device: torch.device | None = None) -> None:
     """Fill `module` with the [rows, cols] matrix that read_rows(start, end) gives, a chunk of rows at a time."""
     rows, cols = shape
-    step = max(1, CHUNK_BYTES // 4 // cols)
     if isinstance(module, Int4Linear):
-        step = max(1, step // BLOCK) * BLOCK
-        packed = torch.empty(rows, cols // 2, dtype=torch.uint8)
         sz = torch.empty(cols // module.group, rows, 2, dtype=COMPUTE)
-        for a, b in chunks(rows, step):
+
+        def codes(a: int, b: int) -> torch.Tensor:
             q, sz[:, a:b] = int4_rows(read_rows(a, b).float(), module.group)
-            packed[a:b] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-            del q
-        module.packed, module.scales_zeros = packed, sz
-    else:
-        w = torch.empty(rows, cols, dtype=torch.int8)
-        scales = torch.empty(rows, dtype=COMPUTE)
-        for a, b in chunks(rows, step):
-            w[a:b], scales[a:b] = int8_rows(read_rows(a, b).float())
-        module.scales = scales
-        module.weight = torch.nn.Parameter(w, requires_grad=False)
+            return q
+
+        _hold_int4(module, codes, sz)
         return
-    del module.weight  # the int4 layer's weight was only its shape
-    module.register_buffer("weight", None, persistent=False)
+    w = torch.empty(rows, cols, dtype=torch.int8)
+    scales = torch.empty(rows, dtype=COMPUTE)
+    for a, b in chunks(rows, max(1, CHUNK_BYTES // 4 // cols)):
+        w[a:b], scales[a:b] = int8_rows(read_rows(a, b).float())
+    module.scales = scales
+    module.weight = torch.nn.Parameter(w, requires_grad=False)
 
 
 def take_grid(module: Int4Linear, grid) -> None:
     """Fill an int4 layer from a GGUF's own grid (peers/models/gguf_grid.py): its codes packed a chunk of rows at
     a time, scale = step and zero = offset + 8 step, with no float copy of the matrix."""
     codes, offset, step = grid
+    cols = module.in_features
+
+    def unpacked(a: int, b: int) -> torch.Tensor:
+        two = read_rows(codes, a, b, torch.uint8)  # [n, cols/2]: code 2j in the low nibble, 2j+1 in the high
+        return torch.stack([two & 15, two >> 4], -1).reshape(b - a, cols).to(torch.int32)
+
+    off, st = read(offset, torch.float32), read(step, torch.float32)  # [rows, cols/32]
+    _hold_int4(module, unpacked, torch.stack([st, off + 8 * st], -1).transpose(0, 1).to(COMPUTE).contiguous())
+
+
+def _hold_int4(module: Int4Linear, codes, scales_zeros: torch.Tensor) -> None:
+    """Pack codes(a, b) (rows a..b-1, int32 in 0..15) into the kernel's layout a chunk of rows at a time (whole
+    blocks of 64 rows); the layer then holds them and their scales and zeros, and no weight."""
     rows, cols = module.out_features, module.in_features
     packed = torch.empty(rows, cols // 2, dtype=torch.uint8)
     for a, b in chunks(rows, max(1, CHUNK_BYTES // 4 // cols // BLOCK) * BLOCK):
-        two = read_rows(codes, a, b, torch.uint8)  # [n, cols/2]: code 2j in the low nibble, 2j+1 in the high
-        q = torch.stack([two & 15, two >> 4], -1).reshape(b - a, cols).to(torch.int32)
-        packed[a:b] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    off, st = read(offset, torch.float32), read(step, torch.float32)  # [rows, cols/32]
-    module.packed = packed
-    module.scales_zeros = torch.stack([st, off + 8 * st], -1).transpose(0, 1).to(COMPUTE).contiguous()
-    del module.weight
+        packed[a:b] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes(a, b), 1)
+    module.packed, module.scales_zeros = packed, scales_zeros
+    del module.weight  # the int4 layer's weight was only its shape
     module.register_buffer("weight", None, persistent=False)
 
 
