@@ -41,6 +41,7 @@ class Ahead:
     bet comes true)."""
 
     context: list[int]
+    as_tree: bool  # drafted as a tree (with every node's chance) or as a chain (a model draft's have none)
     draft: Draft | None = None
     done: bool = False  # it finished before the reply came (a tree stopped half way is not used)
     ms: float = 0.0
@@ -54,11 +55,11 @@ class LookAhead:
     def __init__(self):
         self._ahead: Ahead | None = None
 
-    def bet(self, tokens: list[int], draft: Draft, wanted: bool) -> Ahead | None:
+    def bet(self, tokens: list[int], draft: Draft, wanted: bool, as_tree: bool) -> Ahead | None:
         """The look-ahead to draft while this round's pass is on the wire (None: no bet, so none is left)."""
         self._ahead = None
         if wanted and draft.guess is not None:
-            self._ahead = Ahead(tokens + draft.tokens[:draft.chain] + [draft.guess])
+            self._ahead = Ahead(tokens + draft.tokens[:draft.chain] + [draft.guess], as_tree)
         return self._ahead
 
     def settle(self, draft: Draft, path: list[int], nxt: int) -> None:
@@ -69,9 +70,11 @@ class LookAhead:
     def lose(self) -> None:
         self._ahead = None
 
-    def for_context(self, tokens: list[int]) -> Ahead | None:
-        """The look-ahead made for exactly these tokens, if there is one."""
-        return self._ahead if self._ahead is not None and self._ahead.context == tokens else None
+    def for_context(self, tokens: list[int], as_tree: bool) -> Ahead | None:
+        """The look-ahead made for exactly these tokens, if there is one, drafted the way this round drafts: a
+        chain's carries no chances for a tree round to choose by, and a tree's nodes are no chain."""
+        a = self._ahead
+        return a if a is not None and a.context == tokens and a.as_tree == as_tree else None
 
 
 @dataclass
@@ -230,7 +233,7 @@ class Speculation:
         return k, floor, as_tree and k > 0 and (floor > 0 or self.policy.tree_nodes is not None)
 
     async def _draft(self, tokens: list[int], k: int, floor: float, as_tree: bool) -> tuple[Draft, float]:
-        ahead = self.look_ahead.for_context(tokens)
+        ahead = self.look_ahead.for_context(tokens, as_tree)
         if as_tree:
             return await _tree(self.drafter, tokens, ahead, floor, k, self.policy.nodes(), self.params)
         # one draft more than K, the guess at the target's bonus token, when a look-ahead can build on it (it
@@ -242,7 +245,7 @@ class Speculation:
                     floor: float) -> tuple[torch.Tensor, dict]:
         """The ring pass, with the next round's look-ahead drafting while it is on the wire."""
         stop, sent = threading.Event(), trio.Event()
-        ahead = self.look_ahead.bet(tokens, draft, self.overlap and bool(self.host.ring))
+        ahead = self.look_ahead.bet(tokens, draft, self.overlap and bool(self.host.ring), as_tree)
         failure = None
         async with trio.open_nursery() as nursery:
             if ahead is not None:
