@@ -78,7 +78,7 @@ def _model_args(p: argparse.ArgumentParser, model_help: str = MODEL_HELP + " (de
     p.add_argument("--model", help=model_help)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="the weights' and activations' number format; auto: bfloat16 on recent CUDA GPUs, "
-                   "float16 on older ones, float32 on the CPU")
+                   "float16 on older ones; on a CPU bfloat16 where it has AVX512-BF16 or AMX, else float32")
     p.add_argument("--quant", default="auto", choices=["auto", "none", "int4", "int8", "nf4"],
                    help="quantize the weights while loading (int4, int8 on a CPU: torch's kernels, bfloat16 "
                    "activations; int8, nf4: bitsandbytes, CUDA); auto: int4 on a CPU for the embedded default, "

@@ -39,7 +39,7 @@ def test_every_option_says_what_it_does_and_its_default():
             if a.default not in (None, False) and not a.required:
                 assert "default" in text or "(" in text, f"sfchat {name} {a.option_strings[0]}: no default shown"
     help_text = " ".join(subcommands()["ask"].format_help().split())
-    for words in ("--max-new-tokens N the longest answer, in tokens (default: 256)", "float32 on the CPU (default: auto)",
+    for words in ("--max-new-tokens N the longest answer, in tokens (default: 256)", "AVX512-BF16 or AMX, else float32 (default: auto)",
                   "--top-k TOP_K sample among", "--seed SEED seed of the sampling (default: random)"):
         assert words in help_text
     join = " ".join(subcommands()["join"].format_help().split())
