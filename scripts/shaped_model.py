@@ -7,6 +7,7 @@ a model's answers, only of what its passes cost and how much memory they hold.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -19,12 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from peers.base.locations import models_dir  # noqa: E402
 from peers.models.source import DEFAULT_MODEL  # noqa: E402
 
-# the published configs' sizes; the vocabulary is the embedded default's, so its tokenizer fits
+# the published config's sizes; the vocabulary is the embedded default's, so its tokenizer fits
 SHAPES = {
     "qwen2-1.5b": dict(hidden_size=1536, num_hidden_layers=28, intermediate_size=8960, num_attention_heads=12,
                        num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen2-7b": dict(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944, num_attention_heads=28,
-                     num_key_value_heads=4, tie_word_embeddings=False),
 }
 
 
@@ -37,7 +36,8 @@ def main() -> None:
     tokenizer_from = models_dir() / DEFAULT_MODEL
     if not (tokenizer_from / "tokenizer.json").exists():
         sys.exit(f"no tokenizer at {tokenizer_from}: run `sfchat pull` first")
-    config = Qwen2Config(vocab_size=49152, max_position_embeddings=8192, **SHAPES[args.shape])
+    vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
+    config = Qwen2Config(vocab_size=vocab, max_position_embeddings=8192, **SHAPES[args.shape])
     torch.manual_seed(0)
     with torch.device("cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, args.dtype))
