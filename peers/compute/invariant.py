@@ -15,7 +15,7 @@ chain's columns put back (a few columns a layer; never the prefix).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ QUERY_BLOCK = 16  # queries per block of the kernel: fixed, so its matrix produc
 KEY_STEP = 16  # keys padded (masked) to a multiple of this: the kernel's vector width over keys
 
 
-@dataclass(frozen=True)
+@dataclass
 class Group:
     """Query rows that attend to one contiguous run of columns 0..width-1 of their conversation's row, after
     `src` columns (if any) are copied to `dst`.. for the group's computation."""
@@ -34,6 +34,24 @@ class Group:
     width: int
     dst: int = 0
     src: tuple[int, ...] = ()
+    made: dict = field(default_factory=dict, repr=False, compare=False)  # what every layer of the pass reuses
+
+    def tensors(self, device, rep: int, room: int, window: int | None):
+        """(rows, src columns, the padded width, the blocks' mask), made once a pass for each kind of layer."""
+        key = (rep, room, window)
+        if key not in self.made:
+            width = min(room, -(-self.width // KEY_STEP) * KEY_STEP)
+            n = rep * len(self.rows)
+            blocks = -(-n // QUERY_BLOCK)
+            at = torch.tensor(self.positions * rep + [0] * (blocks * QUERY_BLOCK - n), device=device)
+            col = torch.arange(width, device=device)
+            sees = col[None, :] <= at[:, None]  # a padding row sits at position 0: it sees one key, is thrown away
+            if window is not None:
+                sees &= col[None, :] > at[:, None] - window
+            self.made[key] = (torch.tensor(self.rows, device=device),
+                              torch.tensor(self.src, device=device) if self.src else None,
+                              width, sees.view(blocks, 1, QUERY_BLOCK, width))
+        return self.made[key]
 
 
 def groups(committed: int, kept: int, full: list[int]) -> list[Group]:
@@ -77,37 +95,27 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: 
     rep = heads // kv_heads
     out = query.new_empty(1, heads, t, dim)
     for g in plan:
-        if g.src:
-            at = torch.tensor(g.src, device=keys.device)
+        rows, src, width, mask = g.tensors(query.device, rep, room, window)
+        if src is not None:
             saved = [c[:, :, g.dst : g.dst + len(g.src)].clone() for c in (keys, values)]
             for c in (keys, values):
-                c[:, :, g.dst : g.dst + len(g.src)] = c.index_select(2, at)
-        width = min(room, -(-g.width // KEY_STEP) * KEY_STEP)
-        rows = torch.tensor(g.rows, device=query.device)
-        out[:, :, rows] = _blocks(query[:, :, rows], keys[:, :, :width], values[:, :, :width],
-                                  torch.tensor(g.positions, device=query.device), rep, scaling, window)
-        if g.src:
+                c[:, :, g.dst : g.dst + len(g.src)] = c.index_select(2, src)
+        out[:, :, rows] = _blocks(query[:, :, rows], keys[:, :, :width], values[:, :, :width], mask, scaling)
+        if src is not None:
             for c, s in zip((keys, values), saved):
                 c[:, :, g.dst : g.dst + len(g.src)] = s
     return out.transpose(1, 2)
 
 
-def _blocks(q, k, v, pos, rep: int, scaling: float, window: int | None) -> torch.Tensor:
-    """q [1, heads, r, D] at positions pos [r] over keys [1, kv_heads, W, D] at positions 0..W-1: each kv head's
-    queries (rep heads x r rows) cut into blocks of QUERY_BLOCK, the blocks a batch over the same keys (no copy)."""
+def _blocks(q, k, v, mask, scaling: float) -> torch.Tensor:
+    """q [1, heads, r, D] over keys [1, kv_heads, W, D] at positions 0..W-1: each kv head's queries (its heads x r
+    rows) cut into blocks of QUERY_BLOCK, the blocks a batch over the same keys (expanded: no copy)."""
     _, heads, r, dim = q.shape
-    kv_heads, width = k.shape[1], k.shape[2]
-    n = rep * r
-    blocks = -(-n // QUERY_BLOCK)
-    pad = blocks * QUERY_BLOCK - n
-    qs = F.pad(q.reshape(kv_heads, n, dim), (0, 0, 0, pad))  # rows (head of the group, row), then padding
+    kv_heads = k.shape[1]
+    n = heads // kv_heads * r
+    blocks = mask.shape[0]
+    qs = F.pad(q.reshape(kv_heads, n, dim), (0, 0, 0, blocks * QUERY_BLOCK - n))  # rows (head, row), then padding
     qs = qs.view(kv_heads, blocks, QUERY_BLOCK, dim).transpose(0, 1)  # [blocks, kv_heads, QUERY_BLOCK, D]
-    at = F.pad(pos.repeat(rep), (0, pad))  # a padding row at position 0: sees one key, is thrown away
-    col = torch.arange(width, device=q.device)
-    sees = col[None, :] <= at[:, None]
-    if window is not None:
-        sees &= col[None, :] > at[:, None] - window
-    mask = sees.view(blocks, 1, QUERY_BLOCK, width)
     o = F.scaled_dot_product_attention(qs, k.expand(blocks, -1, -1, -1), v.expand(blocks, -1, -1, -1),
                                        attn_mask=mask, scale=scaling)
     return o.transpose(0, 1).reshape(kv_heads, blocks * QUERY_BLOCK, dim)[:, :n].reshape(1, heads, r, dim)
