@@ -36,8 +36,9 @@ class Group:
     src: tuple[int, ...] = ()
     made: dict = field(default_factory=dict, repr=False, compare=False)  # what every layer of the pass reuses
 
-    def tensors(self, device, rep: int, room: int, window: int | None):
-        """(rows, src columns, the padded width, the blocks' mask), made once a pass for each kind of layer."""
+    def tensors(self, device, dtype, rep: int, room: int, window: int | None):
+        """(rows, src columns, the padded width, the blocks' additive mask), made once a pass for each kind of
+        layer (what the kernel would otherwise convert from a boolean mask in every layer)."""
         key = (rep, room, window)
         if key not in self.made:
             width = min(room, -(-self.width // KEY_STEP) * KEY_STEP)
@@ -50,7 +51,8 @@ class Group:
                 sees &= col[None, :] > at[:, None] - window
             self.made[key] = (torch.tensor(self.rows, device=device),
                               torch.tensor(self.src, device=device) if self.src else None,
-                              width, sees.view(blocks, 1, QUERY_BLOCK, width))
+                              width, torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill_(
+                                  ~sees, float("-inf")).view(blocks, 1, QUERY_BLOCK, width))
         return self.made[key]
 
 
@@ -94,8 +96,11 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: 
     kv_heads, room = keys.shape[1], keys.shape[2]
     rep = heads // kv_heads
     out = query.new_empty(1, heads, t, dim)
+    if len(plan) == 1 and not plan[0].src and len(plan[0].rows) == t:  # a chain: every row in one group, in order
+        _, _, width, mask = plan[0].tensors(query.device, query.dtype, rep, room, window)
+        return _blocks(query, keys[:, :, :width], values[:, :, :width], mask, scaling).transpose(1, 2)
     for g in plan:
-        rows, src, width, mask = g.tensors(query.device, rep, room, window)
+        rows, src, width, mask = g.tensors(query.device, query.dtype, rep, room, window)
         if src is not None:
             saved = [c[:, :, g.dst : g.dst + len(g.src)].clone() for c in (keys, values)]
             for c in (keys, values):
