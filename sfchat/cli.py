@@ -119,6 +119,8 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument("--insecure-no-key", action="store_true", help="allow serving beyond loopback without --api-key")
+    p.add_argument("--strict-model", action="store_true",
+                   help="a request naming another model is a 404 (default: the one model served answers any name)")
     p.add_argument("--max-conversations", type=at_least(1), metavar="N",
                    help="answers generated at once, each with its room in every member's memory; more wait in line "
                    "(default: 4)")

@@ -57,6 +57,7 @@ class ServeOptions:
     insecure_no_key: bool = False
     max_conversations: int | None = None  # None: the ring's (4, peers/base/limits.py CONVERSATIONS)
     keep_alive_s: float = 10.0
+    strict_model: bool = False  # a request naming another model is a 404 (else the one served answers it)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ def ring_options(args, s: Settings | None = None) -> RingOptions:
     serve = None
     if a.get("serve"):
         serve = ServeOptions(a["serve"], api_key=a.get("api_key"), insecure_no_key=bool(a.get("insecure_no_key")),
-                             max_conversations=a.get("max_conversations"), keep_alive_s=a.get("keep_alive_s", 10.0))
+                             max_conversations=a.get("max_conversations"), keep_alive_s=a.get("keep_alive_s", 10.0),
+                             strict_model=bool(a.get("strict_model")))
     return RingOptions(host, answer_options(args, s), serve, local_peers=a.get("local_peers") or 0,
                        wait_peers=a.get("wait_peers") or 0, advertise=a.get("advertise"))
 

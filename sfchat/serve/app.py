@@ -1,7 +1,8 @@
-"""The OpenAI-compatible routes: chat completions, the model list, and the ring's health."""
+"""The OpenAI-compatible routes: chat completions, responses, the model list, the ring's health and metrics."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -15,12 +16,13 @@ from .conversations import Conversations
 from .errors import ApiError
 from .legacy import TextStream, parse_legacy
 from .request import parse
+from .responses import ResponseStream, parse_responses
 
 log = logging.getLogger("sfchat.serve")
 MAX_BODY = 4 * 2**20  # a chat that fills any context we serve is far smaller
 MAX_DRAIN = 64 * 2**20
-SERVED = ("POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model}",
-          "GET /health")  # what an unknown route's 404 lists
+SERVED = ("POST /v1/chat/completions", "POST /v1/responses", "POST /v1/completions", "GET /v1/models",
+          "GET /v1/models/{model}", "GET /health", "GET /metrics")  # what an unknown route's 404 lists
 
 
 def model_id(host) -> str:
@@ -47,10 +49,13 @@ async def read_body(request: Request) -> bytes:
     return bytes(body)
 
 
-def build_app(conversations: Conversations, *, api_key: str | None = None, keepalive_s: float = 10.0) -> Starlette:
+def build_app(conversations: Conversations, *, api_key: str | None = None, keepalive_s: float = 10.0,
+              strict_model: bool = False) -> Starlette:
+    """strict_model: a request naming another model is a 404 (else it is answered by the one model served)."""
     host = conversations.host
     name = model_id(host)
     names = {name, host.model_spec, host.model_dir.name}
+    ignored: set[str] = set()  # other names asked for, each said once in the log
 
     async def chat_completions(request: Request):
         check_key(request.headers.get("authorization"), api_key)
@@ -69,10 +74,26 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
         await conversations.ring_ready()
         return CompletionResponse(conversations, job, name, keepalive_s, shape=TextStream, prefix="cmpl-")
 
+    async def responses(request: Request):
+        """The Responses API (sfchat/serve/responses.py), answered as a chat completion."""
+        check_key(request.headers.get("authorization"), api_key)
+        req = parse_responses(await read_body(request))
+        check_model(req.model)
+        job = conversations.prepare(req)
+        await conversations.ring_ready()
+        return CompletionResponse(conversations, job, name, keepalive_s, shape=partial(ResponseStream, request=req),
+                                  prefix="resp_")
+
     def check_model(asked: str) -> None:
-        if asked not in names:
+        """One model is served: any name gets it (as llama-server), unless --strict-model."""
+        if asked in names:
+            return
+        if strict_model:
             raise ApiError(404, f"the model '{asked}' does not exist; this ring serves '{name}'",
                            param="model", code="model_not_found")
+        if asked not in ignored:
+            ignored.add(asked)
+            log.info("a request asked for the model '%s': answered by %s, the one served", asked, name)
 
     card = {"id": name, "object": "model", "created": 0, "owned_by": "sfchat"}
 
@@ -82,7 +103,9 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
 
     async def one_model(request: Request):
         check_key(request.headers.get("authorization"), api_key)
-        check_model(request.path_params["model"])
+        if (asked := request.path_params["model"]) not in names:  # (a card names one model: no other is listed)
+            raise ApiError(404, f"the model '{asked}' does not exist; this ring serves '{name}'",
+                           param="model", code="model_not_found")
         return JSONResponse(card)
 
     async def health(request: Request):
@@ -119,6 +142,7 @@ def build_app(conversations: Conversations, *, api_key: str | None = None, keepa
         return error_response(ApiError(500, f"internal error: {type(e).__name__}"))
 
     return Starlette(routes=[Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                             Route("/v1/responses", responses, methods=["POST"]),
                              Route("/v1/completions", completions, methods=["POST"]),
                              Route("/v1/models", models, methods=["GET"]),
                              Route("/v1/models/{model:path}", one_model, methods=["GET"]),

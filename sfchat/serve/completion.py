@@ -13,7 +13,7 @@ import trio
 from .access import TOKENS
 from .conversations import Conversations, Job
 from .errors import ApiError
-from .sse import DONE, HEADERS, KEEP_ALIVE, Stream, event
+from .sse import HEADERS, KEEP_ALIVE, Stream
 
 
 class CompletionResponse:
@@ -72,9 +72,9 @@ class CompletionResponse:
                 body = s.finish(value.finish, value.stats, value.tool_calls)
                 if s.include_usage:
                     body += s.usage(self.usage(value.completion_tokens))
-                body += DONE
+                body += s.done
             else:
-                body = event(value.body())
+                body = s.error(value.body())
             await send({"type": "http.response.body", "body": body, "more_body": kind == "text"})
             if kind != "text":
                 return

@@ -7,7 +7,8 @@ is held by a grammar (peers/speculation/grammar.py) to one JSON object:
     {"tool_calls": [{"name": ..., "arguments": ...}, ...]}                       calls, with parallel_tool_calls
     {"response": "It is sunny."}                                                 a reply (tool_choice auto only)
 A call's arguments follow its function's schema. Calls and results of earlier turns go back as the template takes
-any message: the assistant's calls as the JSON it wrote, a result as a user message {"tool_response": ...}.
+any message: the assistant's calls as the JSON it wrote, a result as a user message "NAME answered: RESULT" (in words,
+not JSON: a small model shown JSON there copies its keys rather than reply).
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def instructions(tools: Tools) -> str:
     listed = "\n".join(json.dumps(f, ensure_ascii=False) for f in tools.functions)
     if tools.choice == "auto":
         how = (f"Answer in JSON, either with {_call_form(tools)} to call a tool, "
-               f'or with {{"response": <your reply to the user>}}.')
+               f'or with {{"response": <your reply to the user>}}.\nOnce a tool has answered, reply to the user '
+               'with {"response": ...}, using what it said.')  # (else a small model calls again)
     else:
         which = "a tool" if tools.choice == "required" else f"the tool {tools.choice}"
         how = f"Answer by calling {which}, in JSON: {_call_form(tools)}."
@@ -70,8 +72,8 @@ def messages(messages: list[dict], tools: Tools) -> list[dict]:
             said = {"tool_calls": calls} if len(calls) > 1 else {"tool_call": calls[0]}
             m = {"role": "assistant", "content": json.dumps(said, ensure_ascii=False)}
         elif m["role"] == "tool":
-            result = {"name": names.get(m.get("tool_call_id", ""), ""), "content": m["content"]}
-            m = {"role": "user", "content": json.dumps({"tool_response": result}, ensure_ascii=False)}
+            name = names.get(m.get("tool_call_id", "")) or "the tool"
+            m = {"role": "user", "content": f"{name} answered: {m['content']}"}
         out.append(m)
     system = instructions(tools)
     if out and out[0]["role"] == "system":
