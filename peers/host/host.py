@@ -24,7 +24,7 @@ from peers.links.auth import AuthError, new_token, server_handshake
 from peers.links.channel import Channel, ChannelClosed, idle_s, parse_addr, peername
 from peers.base.errors import FitError, RingError
 from peers.models.fingerprint import config_fingerprint
-from peers.compute.cpu_quant import pick_quant
+from peers.compute.cpu_quant import follow, pick_quant
 from peers.compute.memory import default_device, free_bytes, pick_dtype, reset_peak, usage
 from peers.plan.roster import Member, Roster, downloading
 from peers.base.options import HostOptions
@@ -164,6 +164,7 @@ class Host(PassEngine):
         """A member of the ring is gone: re-plan over the rest now, not at the next pass (unless a pass's own
         recovery has done it by then)."""
         if not (self.roster.closing or m.left or m.leaving):
+            self.planner.faults["member_lost"] += 1
             self.planner.fault(m)
         if self.auto_replan and not self.roster.closing and m in self.ring:
             self.nursery.start_soon(self.planner.replan_logged, self.port, self.epoch)
@@ -206,9 +207,11 @@ class Host(PassEngine):
         return [host] + [self._held_info(m.info(), m) for m in self.members]
 
     def _held_info(self, info: dict, m: Member) -> dict:
-        """A member's row, with the seconds its hold has left (peers/plan/holds.py): held, a spare says so."""
+        """A member's row, with the seconds its hold has left (peers/plan/holds.py): held, a spare says so; its
+        quantization the one it runs (its `auto` follows the host's)."""
         left = self.planner.holds.left(m.name, time.monotonic())
-        return info | {"held_s": round(left, 1)} | ({"state": "held"} if left and info["state"] == "spare" else {})
+        return info | {"held_s": round(left, 1), "quant": follow(m.quant, m.device, self.quant)} | (
+            {"state": "held"} if left and info["state"] == "spare" else {})
 
     # --- serving -------------------------------------------------------------------------------------------
 

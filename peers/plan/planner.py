@@ -7,6 +7,7 @@ epoch: after a re-plan each conversation replays its committed tokens (peers/hos
 from __future__ import annotations
 
 import logging
+from collections import Counter
 import math
 import time
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ class Planner:
         self.broken: dict[int, str] = {}  # plans a data link of broke, and how: their passes fail, a re-wire follows
         self.nursery = None  # the host's: the watcher of the first hop lives there
         self.on_broken = lambda epoch: None  # the host's recovery
+        self.faults: Counter[str] = Counter()  # by kind (member_lost, link_broken, replan_failed), for /metrics
         self.holds = Holds()  # members that broke twice within a minute: no layers for a while (peers/plan/holds.py)
         self.on_hold = lambda m, seconds: None  # the host's: a member was just held out for `seconds`
 
@@ -149,6 +151,7 @@ class Planner:
         if gone := [m for m in self.ring if m.left or m.state == "lost"]:
             return log.info("a link of plan %d broke as member %d left or was lost", epoch, gone[0].id)
         self.broken = {epoch: f"a link of plan {epoch} broke: {why}"}
+        self.faults["link_broken"] += 1
         if into is not None:
             self.fault(into)
         if self.gate.replanning:  # the re-plan under way replaces it (and may have closed that link itself)
@@ -373,6 +376,7 @@ class Planner:
         try:
             await self.replan(host_port, unless_past=unless_past)
         except RingError as e:
+            self.faults["replan_failed"] += 1
             log.error("re-plan failed: %s", e)
 
     async def recover(self, host_port: int, failed_epoch: int, attempts: int = 5) -> None:
@@ -386,6 +390,7 @@ class Planner:
             except FitError:  # the members left cannot hold the model: no retry helps
                 raise
             except RingError as e:  # a member failed while loading: it is excluded from the next plan
+                self.faults["replan_failed"] += 1
                 log.warning("re-plan failed: %s", e)
         raise RingError(f"could not re-form the ring after {attempts} attempts")
 

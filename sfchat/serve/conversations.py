@@ -4,6 +4,7 @@ moment it ends, finished or cancelled (a client that went away)."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ class Job:
     params: SamplingParams
     grammar: str | None = None  # what the answer must follow (response_format, a required call), for llguidance
     tool_format: str | None = None  # native or generic (sfchat/serve/tools.py); None: no tools shown
+    arrived: float = field(default_factory=time.monotonic)  # for /metrics: the time to its first token
+    first_token: float | None = None
 
 
 @dataclass
@@ -169,6 +172,8 @@ class Conversations:
 
         def on_round(ev: dict) -> None:
             if ev.get("event") == "round":
+                if job.first_token is None and ev["new"]:
+                    job.first_token = time.monotonic()
                 self.open[rs.sid] += len(ev["new"])
                 held.extend(self._entries(ev["logprobs"]))
                 if piece := stops.push(calls.push(text.push(ev["new"]))):
