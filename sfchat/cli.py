@@ -302,7 +302,8 @@ def cmd_host(args) -> int:
         from .serve.command import check_serve
 
         check_serve(opts.serve)
-        logging.getLogger("sfchat.serve.access").setLevel(logging.INFO)
+        logging.getLogger("sfchat.serve").setLevel(logging.INFO)
+        logging.getLogger("sfchat.serve.http").setLevel(logging.WARNING)
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
         if args.resume:
             raise ValueError("--resume reopens a chat on the chat screen: run it in a terminal, without --headless")
@@ -354,7 +355,8 @@ def cmd_serve(args) -> int:
         args.serve = args.old_listen
     opts = ring_options(args)
     check_serve(opts.serve)
-    logging.getLogger("sfchat.serve.access").setLevel(logging.INFO)  # a line per request, as HTTP servers log
+    logging.getLogger("sfchat.serve").setLevel(logging.INFO)  # a line per request, as HTTP servers log; the notes
+    logging.getLogger("sfchat.serve.http").setLevel(logging.WARNING)  # (Hypercorn's own chatter stays out)
     return trio.run(serve_command, opts)
 
 
