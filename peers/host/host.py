@@ -71,11 +71,12 @@ class Host(PassEngine):
         size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
                         self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs,
-                        opts.conversations or CONVERSATIONS, placement_of(opts.placement), opts.serving)
+                        opts.conversations or CONVERSATIONS, placement_of(opts.placement), opts.serving,
+                        opts.must_hold)
         self.planner = Planner(target, self.roster, offer_gb=opts.offer_gb, token=self.token, tls=self.tls,
                                on_change=self._plan_changed)
-        if target.placement == "speed":  # the host's own speed, as every member times its own
-            self.planner.host_ms = speed.measure(self.device, self.dtype, self.quant, "host")
+        # the host's own speed, as every member times its own (under memory placement too: the panel shows it)
+        self.planner.host_ms = speed.measure(self.device, self.dtype, self.quant, "host")
         self.planner.on_broken = self._broken
         self.planner.on_hold = self._held
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring

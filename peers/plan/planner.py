@@ -58,6 +58,7 @@ class Target:
     conversations: int = CONVERSATIONS  # rows of every member's KV arena (peers/compute/kv.py)
     placement: str = "speed"  # or "memory" (peers/plan/placement.py)
     serving: bool = False  # many conversations in flight: the busiest stage is what the plan weighs
+    must_hold: tuple[str, ...] = ()  # members the user asked for in the ring (--local-peers): each holds layers
 
 
 class Planner:
@@ -102,7 +103,19 @@ class Planner:
             Offer(f"member {m.id} ({m.name})", 0 if holds and self.holds.held(m.name, now) else m.free_bytes,
                   m.dtype if m.dtype in DTYPES else "float32",
                   q if (q := follow(m.quant, m.device, t.quant)) in QUANT_BYTES else "none", m.ms_per_layer,
-                  0.0 if math.isnan(m.rtt_ms) else m.rtt_ms) for m in live]
+                  0.0 if math.isnan(m.rtt_ms) else m.rtt_ms, must=m.name in t.must_hold) for m in live]
+
+    def how(self) -> str:
+        """How the split is chosen, in words (the ring panel's)."""
+        t = self.target
+        if t.placement == "memory":
+            return "layers split in proportion to the memory each offers (--placement memory)"
+        if t.must_hold and any(m.name in t.must_hold for m in self.roster.live()):
+            return ("layers split by measured speed, every local peer holding some: the busiest stage evened out "
+                    "(--placement speed makes local peers spares where they only add time)")
+        if t.serving:
+            return "layers split by measured speed: the busiest stage evened out (many conversations)"
+        return "layers where they compute fastest: the least predicted time per token (--placement speed)"
 
     def problem(self) -> str:
         """Why the ring cannot answer now, or '' when it can: its spans must hold every layer exactly once, in pass

@@ -29,7 +29,9 @@ WEATHER = {"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
-    env = {k: v for k, v in child_env().items() if not k.startswith("SFCHAT_CPU_")}  # the defaults users run
+    # the defaults users run: the CPU's own dtype and quantization, placement by each process's measured speed
+    pins = ("SFCHAT_CPU_", "SFCHAT_PLACEMENT", "SFCHAT_TEST_MS_PER_LAYER")
+    env = {k: v for k, v in child_env().items() if not k.startswith(pins)}
     s = Server(smollm2, tmp_path_factory.mktemp("agents") / "serve.log", peers=2, env=env)
     s.wait_until(lambda h: sum(m["layers"] not in ("", "none") for m in h["members"]) == 3, timeout=120,
                  what="a ring of three holding layers")
