@@ -150,7 +150,10 @@ def test_health_is_open_and_its_members_need_the_key(server):
     open_ = httpx.get(server.url + "/health")
     assert open_.status_code == 200 and open_.json()["status"] == "ok" and "members" not in open_.json()
     assert open_.json()["reason"] == "" and open_.json()["since"]
-    assert len(server.health()["members"]) == 3  # with the key
+    members = server.health()["members"]  # with the key
+    assert len(members) == 3
+    # under --placement memory (the suite's) too, each member's ms/layer and share of the time per token
+    assert all(m["ms_per_layer"] is not None and m["share"] > 0 for m in members), members
 
 
 def test_hostile_bodies_leave_other_answers_alone(server, tiny_llama):
