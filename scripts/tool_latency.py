@@ -36,7 +36,6 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     c = openai.OpenAI(base_url=args.url, api_key=args.key, max_retries=0)
-    ac = openai.AsyncOpenAI(base_url=args.url, api_key=args.key, max_retries=0)
     user = [{"role": "user", "content": "John is 25 years old."}]
 
     def tool_call():
@@ -62,8 +61,10 @@ def main() -> None:
             """The weather in a city."""
             return f"sunny, 22 C in {city}"
         a = Agent(name="w", instructions="You answer questions about the weather.", tools=[get_weather],
-                  model=OpenAIChatCompletionsModel(model="gpt-4o", openai_client=ac),
-                  model_settings=ModelSettings(tool_choice="required", max_tokens=60), tool_use_behavior="stop_on_first_tool")
+                  model=OpenAIChatCompletionsModel(model="gpt-4o", openai_client=openai.AsyncOpenAI(  # (one per loop)
+                      base_url=args.url, api_key=args.key, max_retries=0)),
+                  model_settings=ModelSettings(tool_choice="required", max_tokens=60),
+                  tool_use_behavior="stop_on_first_tool")
         asyncio.run(Runner.run(a, "What is the weather in Paris?", max_turns=2))
 
     cases = {"required tool call (chat)": tool_call, "instructor TOOLS": mode(instructor.Mode.TOOLS),
