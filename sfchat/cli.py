@@ -119,6 +119,8 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument("--insecure-no-key", action="store_true", help="allow serving beyond loopback without --api-key")
+    p.add_argument("--strict-model", action="store_true",
+                   help="a request naming another model is a 404 (default: the one model served answers any name)")
     p.add_argument("--max-conversations", type=at_least(1), metavar="N",
                    help="answers generated at once, each with its room in every member's memory; more wait in line "
                    "(default: 4)")
@@ -300,7 +302,8 @@ def cmd_host(args) -> int:
         from .serve.command import check_serve
 
         check_serve(opts.serve)
-        logging.getLogger("sfchat.serve.access").setLevel(logging.INFO)
+        logging.getLogger("sfchat.serve").setLevel(logging.INFO)
+        logging.getLogger("sfchat.serve.http").setLevel(logging.WARNING)
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
         if args.resume:
             raise ValueError("--resume reopens a chat on the chat screen: run it in a terminal, without --headless")
@@ -352,7 +355,8 @@ def cmd_serve(args) -> int:
         args.serve = args.old_listen
     opts = ring_options(args)
     check_serve(opts.serve)
-    logging.getLogger("sfchat.serve.access").setLevel(logging.INFO)  # a line per request, as HTTP servers log
+    logging.getLogger("sfchat.serve").setLevel(logging.INFO)  # a line per request, as HTTP servers log; the notes
+    logging.getLogger("sfchat.serve.http").setLevel(logging.WARNING)  # (Hypercorn's own chatter stays out)
     return trio.run(serve_command, opts)
 
 

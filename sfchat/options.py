@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from peers import HostOptions, PeerOptions
 from peers import check_pin
 
-from .local import KEY_ENV
+from .local import KEY_ENV, local_name
 from .settings import Settings
 
 DEFAULT_TEMPERATURE = 0.0  # greedy, where the model's generation_config names no temperature
@@ -57,6 +57,7 @@ class ServeOptions:
     insecure_no_key: bool = False
     max_conversations: int | None = None  # None: the ring's (4, peers/base/limits.py CONVERSATIONS)
     keep_alive_s: float = 10.0
+    strict_model: bool = False  # a request naming another model is a 404 (else the one served answers it)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,11 @@ def answer_options(args, s: Settings | None = None) -> AnswerOptions:
                          max_new_tokens=a.get("max_new_tokens", 256))
 
 
+def local_ring(a: dict) -> tuple[str, ...]:
+    """A ring of --local-peers is one the user asked for: its processes hold layers, unless --placement says how."""
+    return () if a.get("placement") else tuple(local_name(i) for i in range(a.get("local_peers") or 0))
+
+
 def ring_options(args, s: Settings | None = None) -> RingOptions:
     """ask, host and serve share most flags; each lacks some, whose defaults are these."""
     a = vars(args)
@@ -117,11 +123,13 @@ def ring_options(args, s: Settings | None = None) -> RingOptions:
                        dtype=a.get("dtype", "auto"), quant=a.get("quant", "auto"), tls=bool(a.get("tls")),
                        relay=a.get("relay"), max_context=a.get("max_context"), graphs=not a.get("no_graphs"),
                        conversations=a.get("max_conversations"), offer_gb=a.get("offer_gb"),
-                       placement=a.get("placement"), serving=bool(a.get("serve")))
+                       placement=a.get("placement"), serving=bool(a.get("serve")),
+                       must_hold=local_ring(a))
     serve = None
     if a.get("serve"):
         serve = ServeOptions(a["serve"], api_key=a.get("api_key"), insecure_no_key=bool(a.get("insecure_no_key")),
-                             max_conversations=a.get("max_conversations"), keep_alive_s=a.get("keep_alive_s", 10.0))
+                             max_conversations=a.get("max_conversations"), keep_alive_s=a.get("keep_alive_s", 10.0),
+                             strict_model=bool(a.get("strict_model")))
     return RingOptions(host, answer_options(args, s), serve, local_peers=a.get("local_peers") or 0,
                        wait_peers=a.get("wait_peers") or 0, advertise=a.get("advertise"))
 

@@ -185,8 +185,11 @@ def test_the_face_names_what_exists():
 
 
 def test_import_peers_is_free_of_torch():
+    """The face, the models' names and the plan: placement, the layer arithmetic and the roster (which checks
+    control messages only; frames' tensors are read where they land)."""
     import subprocess
     import sys
-    code = ("import sys, peers, peers.models, peers.base.limits, peers.plan.layers; "
+    code = ("import sys, peers, peers.models, peers.base.limits, peers.plan.layers, peers.plan.placement, "
+            "peers.plan.roster, peers.plan.holds, peers.plan.drift, peers.plan.gate; "
             "assert 'torch' not in sys.modules, 'torch loaded'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

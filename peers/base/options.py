@@ -24,6 +24,7 @@ class HostOptions:
     conversations: int | None = None  # rows of each member's KV arena (--max-conversations); None: the default
     placement: str | None = None  # "speed" or "memory" (peers/plan/placement.py); None: $SFCHAT_PLACEMENT, or speed
     serving: bool = False  # many conversations in flight (sfchat serve): the plan evens out the busiest stage
+    must_hold: tuple[str, ...] = ()  # members that hold layers whatever their speed: the --local-peers processes
 
 
 @dataclass(frozen=True)

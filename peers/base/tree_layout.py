@@ -7,7 +7,12 @@ base + depth(i) and attends to every earlier position of the conversation and to
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+# torch is imported where tensors are made: the frame schema checks parents with no tensor (the plan's roster reads
+# it, and stays free of torch)
 
 
 def check_parents(parents, n_nodes: int) -> list[int]:
@@ -38,6 +43,7 @@ def full_parents(n_tokens: int, parents: list[int]) -> list[int]:
 def positions(committed: int, n_tokens: int, parents: list[int]) -> torch.Tensor:
     """Positions of a pass of n_tokens: each row one past its parent (committed - 1 + its depth in the full tree),
     so the tokens the ring lacks lie in a row and the nodes at their depth below the last of them."""
+    import torch
     return torch.tensor([[committed - 1 + d for d in depths(full_parents(n_tokens, parents))]])
 
 
@@ -45,6 +51,7 @@ def ancestors(n_tokens: int, parents: list[int], size: int | None = None) -> tor
     """Boolean [size, size]: which of the pass's own positions row i may see: its ancestors in the full tree and
     itself (a pending token: those before it; a node: every pending token and its own ancestors). Rows past
     n_tokens (padding up to `size`) see only themselves."""
+    import torch
     size = size or n_tokens
     full = full_parents(n_tokens, parents)
     lead = 0  # the leading chain (the pending tokens, and the main chain under them): causal, in one go
@@ -62,6 +69,7 @@ def attention_mask(committed: int, n_tokens: int, parents: list[int], window: in
                    device=None) -> torch.Tensor:
     """Boolean mask [1, 1, n_tokens, committed + n_tokens] (True: may attend): causal over the conversation, and
     a node sees the tokens before the root, the root and its own ancestors. `window`: a sliding-window layer's."""
+    import torch
     allowed = torch.cat([torch.ones(n_tokens, committed, dtype=torch.bool), ancestors(n_tokens, parents)], dim=1)
     if window is not None:
         pos = positions(committed, n_tokens, parents)[0]

@@ -24,7 +24,7 @@ from peers.links.auth import AuthError, new_token, server_handshake
 from peers.links.channel import Channel, ChannelClosed, idle_s, parse_addr, peername
 from peers.base.errors import FitError, RingError
 from peers.models.fingerprint import config_fingerprint
-from peers.compute.cpu_quant import pick_quant
+from peers.compute.cpu_quant import follow, pick_quant
 from peers.compute.memory import default_device, free_bytes, pick_dtype, reset_peak, usage
 from peers.plan.roster import Member, Roster, downloading
 from peers.base.options import HostOptions
@@ -71,11 +71,12 @@ class Host(PassEngine):
         size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
                         self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs,
-                        opts.conversations or CONVERSATIONS, placement_of(opts.placement), opts.serving)
+                        opts.conversations or CONVERSATIONS, placement_of(opts.placement), opts.serving,
+                        opts.must_hold)
         self.planner = Planner(target, self.roster, offer_gb=opts.offer_gb, token=self.token, tls=self.tls,
                                on_change=self._plan_changed)
-        if target.placement == "speed":  # the host's own speed, as every member times its own
-            self.planner.host_ms = speed.measure(self.device, self.dtype, self.quant, "host")
+        # the host's own speed, as every member times its own (under memory placement too: the panel shows it)
+        self.planner.host_ms = speed.measure(self.device, self.dtype, self.quant, "host")
         self.planner.on_broken = self._broken
         self.planner.on_hold = self._held
         self.planner.bars = on_change is None  # download bars on the terminal, unless a screen shows the ring
@@ -164,6 +165,7 @@ class Host(PassEngine):
         """A member of the ring is gone: re-plan over the rest now, not at the next pass (unless a pass's own
         recovery has done it by then)."""
         if not (self.roster.closing or m.left or m.leaving):
+            self.planner.faults["member_lost"] += 1
             self.planner.fault(m)
         if self.auto_replan and not self.roster.closing and m in self.ring:
             self.nursery.start_soon(self.planner.replan_logged, self.port, self.epoch)
@@ -206,9 +208,11 @@ class Host(PassEngine):
         return [host] + [self._held_info(m.info(), m) for m in self.members]
 
     def _held_info(self, info: dict, m: Member) -> dict:
-        """A member's row, with the seconds its hold has left (peers/plan/holds.py): held, a spare says so."""
+        """A member's row, with the seconds its hold has left (peers/plan/holds.py): held, a spare says so; its
+        quantization the one it runs (its `auto` follows the host's)."""
         left = self.planner.holds.left(m.name, time.monotonic())
-        return info | {"held_s": round(left, 1)} | ({"state": "held"} if left and info["state"] == "spare" else {})
+        return info | {"held_s": round(left, 1), "quant": follow(m.quant, m.device, self.quant)} | (
+            {"state": "held"} if left and info["state"] == "spare" else {})
 
     # --- serving -------------------------------------------------------------------------------------------
 

@@ -79,6 +79,7 @@ class Offer:
     ms_per_layer: float = math.nan  # measured on a reference layer (peers/compute/speed.py); nan: not measured
     link_ms: float = 0.0  # the round trip between the host and it
     cuda: bool = True  # on a GPU of NVIDIA's (quantization is bitsandbytes': CUDA only)
+    must: bool = False  # a process the user asked for in the ring (--local-peers): it holds layers, never a spare
 
 
 def weight_bytes(m: ModelSize, dtype: str, quant: str) -> int:
@@ -149,7 +150,8 @@ def plan(m: ModelSize, offers: list[Offer], context: int, drafter: int = 0, rows
         raise FitError(_too_small(m, offers, context, drafter, sum(caps), rows))
     if placement == "speed" and not any(math.isnan(o.ms_per_layer) for o in offers):
         stages = [Stage(c, o.ms_per_layer * scale(m), o.link_ms) for c, o in zip(caps, offers)]
-        counts = place(stages, m.n_layers, many=many)
+        must = frozenset(i for i, o in enumerate(offers) if o.must)  # (a ring asked for: its stages evened out)
+        counts = place(stages, m.n_layers, many=many or bool(must), must=must)
         if counts is not None:
             return spans_in_order(m.n_layers, counts, [0, *ring_order(stages, counts)])
     return split_layers(m.n_layers, [float(c) for c in caps])

@@ -83,24 +83,38 @@ def _even_out(stages: list[Stage], chosen: list[int], n_layers: int) -> list[int
     return counts
 
 
-def place(stages: list[Stage], n_layers: int, *, many: bool = False) -> list[int] | None:
+def place(stages: list[Stage], n_layers: int, *, many: bool = False,
+          must: frozenset[int] = frozenset()) -> list[int] | None:
     """Layers per stage (the host first) minimizing the predicted ms per token for one conversation, or, `many`,
-    the busiest stage (ties: the shorter sequence); None if the stages cannot hold the model."""
+    the busiest stage (ties: the shorter sequence); the stages in `must` hold at least one layer each (processes
+    the user asked for in the ring); None if the stages cannot hold the model."""
     if sum(s.cap for s in stages) < n_layers:
         return None
-    others = sorted(range(1, len(stages)), key=lambda i: stages[i].ms_per_layer)[:MAX_TRIED]
+    others = sorted((i for i in range(1, len(stages)) if i not in must),
+                    key=lambda i: stages[i].ms_per_layer)[:MAX_TRIED]
     best, best_key = None, None
     for k in range(len(others) + 1):
         for subset in combinations(others, k):
-            chosen = [0, *subset]
+            chosen = [0, *sorted(must), *subset]
             counts = (_even_out if many else _fill_fastest)(stages, chosen, n_layers)
-            if counts is None:
+            if counts is None or not _hold_one_each(stages, counts, must):
                 continue
             seq = sequence_ms(stages, counts)
             key = (busiest_ms(stages, counts), seq) if many else (seq,)
             if best_key is None or key < tuple(b - 1e-9 for b in best_key):
                 best, best_key = counts, key
     return best
+
+
+def _hold_one_each(stages: list[Stage], counts: list[int], must: frozenset[int]) -> bool:
+    """A layer for each stage of `must` that got none, from the stage that holds the most (False: cannot)."""
+    for i in must:
+        if counts[i] == 0:
+            if stages[i].cap < 1:
+                return False
+            counts[max(range(len(counts)), key=lambda j: counts[j])] -= 1
+            counts[i] = 1
+    return True
 
 
 def ring_order(stages: list[Stage], counts: list[int]) -> list[int]:

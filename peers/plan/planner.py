@@ -7,6 +7,7 @@ epoch: after a re-plan each conversation replays its committed tokens (peers/hos
 from __future__ import annotations
 
 import logging
+from collections import Counter
 import math
 import time
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class Target:
     conversations: int = CONVERSATIONS  # rows of every member's KV arena (peers/compute/kv.py)
     placement: str = "speed"  # or "memory" (peers/plan/placement.py)
     serving: bool = False  # many conversations in flight: the busiest stage is what the plan weighs
+    must_hold: tuple[str, ...] = ()  # members the user asked for in the ring (--local-peers): each holds layers
 
 
 class Planner:
@@ -85,6 +87,7 @@ class Planner:
         self.broken: dict[int, str] = {}  # plans a data link of broke, and how: their passes fail, a re-wire follows
         self.nursery = None  # the host's: the watcher of the first hop lives there
         self.on_broken = lambda epoch: None  # the host's recovery
+        self.faults: Counter[str] = Counter()  # by kind (member_lost, link_broken, replan_failed), for /metrics
         self.holds = Holds()  # members that broke twice within a minute: no layers for a while (peers/plan/holds.py)
         self.on_hold = lambda m, seconds: None  # the host's: a member was just held out for `seconds`
 
@@ -100,7 +103,19 @@ class Planner:
             Offer(f"member {m.id} ({m.name})", 0 if holds and self.holds.held(m.name, now) else m.free_bytes,
                   m.dtype if m.dtype in DTYPES else "float32",
                   q if (q := follow(m.quant, m.device, t.quant)) in QUANT_BYTES else "none", m.ms_per_layer,
-                  0.0 if math.isnan(m.rtt_ms) else m.rtt_ms) for m in live]
+                  0.0 if math.isnan(m.rtt_ms) else m.rtt_ms, must=m.name in t.must_hold) for m in live]
+
+    def how(self) -> str:
+        """How the split is chosen, in words (the ring panel's)."""
+        t = self.target
+        if t.placement == "memory":
+            return "layers split in proportion to the memory each offers (--placement memory)"
+        if t.must_hold and any(m.name in t.must_hold for m in self.roster.live()):
+            return ("layers split by measured speed, every local peer holding some: the busiest stage evened out "
+                    "(--placement speed makes local peers spares where they only add time)")
+        if t.serving:
+            return "layers split by measured speed: the busiest stage evened out (many conversations)"
+        return "layers where they compute fastest: the least predicted time per token (--placement speed)"
 
     def problem(self) -> str:
         """Why the ring cannot answer now, or '' when it can: its spans must hold every layer exactly once, in pass
@@ -149,6 +164,7 @@ class Planner:
         if gone := [m for m in self.ring if m.left or m.state == "lost"]:
             return log.info("a link of plan %d broke as member %d left or was lost", epoch, gone[0].id)
         self.broken = {epoch: f"a link of plan {epoch} broke: {why}"}
+        self.faults["link_broken"] += 1
         if into is not None:
             self.fault(into)
         if self.gate.replanning:  # the re-plan under way replaces it (and may have closed that link itself)
@@ -373,6 +389,7 @@ class Planner:
         try:
             await self.replan(host_port, unless_past=unless_past)
         except RingError as e:
+            self.faults["replan_failed"] += 1
             log.error("re-plan failed: %s", e)
 
     async def recover(self, host_port: int, failed_epoch: int, attempts: int = 5) -> None:
@@ -386,6 +403,7 @@ class Planner:
             except FitError:  # the members left cannot hold the model: no retry helps
                 raise
             except RingError as e:  # a member failed while loading: it is excluded from the next plan
+                self.faults["replan_failed"] += 1
                 log.warning("re-plan failed: %s", e)
         raise RingError(f"could not re-form the ring after {attempts} attempts")
 

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
-
-from peers.wire import tensors, codec as wire
+from peers.wire import codec as wire
 from peers.base import tree_layout
+
+if TYPE_CHECKING:
+    import torch
+# peers.wire.tensors (torch) is imported where a frame's tensor is read: the plan and the roster check control
+# messages only, and stay free of torch (tests/test_layout.py)
 
 MAX_TOKENS_PER_FRAME = 8192
 
@@ -22,6 +26,7 @@ def need(msg: dict, key: str, kind: type | tuple, lo: int | None = None):
 
 def forward_frame(msg: dict, hidden_size: int) -> torch.Tensor:
     """Check a 'fwd' frame and return its hidden states [1, T, H], sharing the raw bytes they came in."""
+    from peers.wire import tensors
     header(msg, hidden_size)
     return tensors.from_bytes(msg["x"], msg.get("raw"))
 
@@ -32,6 +37,7 @@ def landing(msg: dict, n: int, hidden_size: int | None, pin: bool = False,
     before they are read), then `place` if they are a tensor of its dtype and shape, else a buffer of the
     tensor's own (pinned: it goes on to a GPU). hidden_size None: a member without layers yet takes the bytes
     only to answer that it cannot serve."""
+    from peers.wire import tensors
     if msg.get("t") != "fwd":
         raise wire.WireError(f"{msg.get('t')}: only a 'fwd' frame carries raw bytes")
     if hidden_size is None:
@@ -46,6 +52,7 @@ def landing(msg: dict, n: int, hidden_size: int | None, pin: bool = False,
 
 def header(msg: dict, hidden_size: int) -> None:
     """The fields of a 'fwd' frame and the shape of the hidden states it says follow."""
+    from peers.wire import tensors
     need(msg, "sid", str)
     need(msg, "seq", int, 0)
     need(msg, "epoch", int, 0)

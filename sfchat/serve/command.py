@@ -30,7 +30,7 @@ async def start(nursery: trio.Nursery, ring: Ring, drafter, opts: RingOptions,
                          on_change=on_change, answer=opts.answer)
     binds = await nursery.start(lambda task_status: serve_api(
         conv, serve.listen, api_key=serve.api_key, insecure_no_key=serve.insecure_no_key,
-        keepalive_s=serve.keep_alive_s, task_status=task_status))
+        keepalive_s=serve.keep_alive_s, strict_model=serve.strict_model, task_status=task_status))
     opts.answer.pin(conv.policy)  # --k, --tree-nodes, --no-trees, --in-flight pin the rounds here too
     conv.url = binds[0]
     return conv, binds[0]

@@ -13,14 +13,15 @@ import trio
 from .access import TOKENS
 from .conversations import Conversations, Job
 from .errors import ApiError
-from .sse import DONE, HEADERS, KEEP_ALIVE, Stream, event
+from .sse import HEADERS, KEEP_ALIVE, Stream
 
 
 class CompletionResponse:
     def __init__(self, conversations: Conversations, job: Job, model: str, keepalive_s: float,
-                 shape: type[Stream] = Stream, prefix: str = "chatcmpl-"):
-        """shape: the chunks' and the whole answer's form (sfchat/serve/legacy.py's for /v1/completions)."""
-        self.conv, self.job, self.keepalive_s = conversations, job, keepalive_s
+                 shape: type[Stream] = Stream, prefix: str = "chatcmpl-", metrics=None):
+        """shape: the chunks' and the whole answer's form (sfchat/serve/legacy.py's for /v1/completions);
+        metrics: where the answer's figures are counted (sfchat/serve/metrics.py), if anywhere."""
+        self.conv, self.job, self.keepalive_s, self.metrics = conversations, job, keepalive_s, metrics
         self.stream = shape(prefix + uuid.uuid4().hex, int(time.time()), model, job.request.include_usage)
 
     async def __call__(self, scope, receive, send) -> None:
@@ -47,6 +48,8 @@ class CompletionResponse:
             items.send_nowait(("error", e))
         else:
             self.scope[TOKENS] = outcome.completion_tokens
+            if self.metrics is not None:
+                self.metrics.answered(self.job, outcome, self.job.first_token, time.monotonic())
             items.send_nowait(("done", outcome))
 
     def usage(self, completion_tokens: int) -> dict:
@@ -72,9 +75,9 @@ class CompletionResponse:
                 body = s.finish(value.finish, value.stats, value.tool_calls)
                 if s.include_usage:
                     body += s.usage(self.usage(value.completion_tokens))
-                body += DONE
+                body += s.done
             else:
-                body = event(value.body())
+                body = s.error(value.body())
             await send({"type": "http.response.body", "body": body, "more_body": kind == "text"})
             if kind != "text":
                 return

@@ -4,6 +4,7 @@ moment it ends, finished or cancelled (a client that went away)."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -23,7 +24,8 @@ from sfchat.options import AnswerOptions
 from .errors import ApiError
 from .request import ChatRequest
 from .stops import StopFilter
-from .tools import OPEN, check_template, split_calls, template_messages
+from . import generic_tools as generic
+from .tools import OPEN, split_calls, template_messages, tool_format
 
 log = logging.getLogger("sfchat.serve")
 
@@ -35,6 +37,9 @@ class Job:
     max_new: int
     params: SamplingParams
     grammar: str | None = None  # what the answer must follow (response_format, a required call), for llguidance
+    tool_format: str | None = None  # native or generic (sfchat/serve/tools.py); None: no tools shown
+    arrived: float = field(default_factory=time.monotonic)  # for /metrics: the time to its first token
+    first_token: float | None = None
 
 
 @dataclass
@@ -59,16 +64,18 @@ class Conversations:
         self.url = ""  # where it is served, once it is
         self.on_change = on_change or (lambda: None)
         self.context = min(context_limit(host.config), host.max_context)  # what the ring's caches were planned for
+        self.tool_format = tool_format(tokenizer, host.source.name)  # said once in the log
 
     def prepare(self, req: ChatRequest, text: str | None = None) -> Job:
         """Render and check the request before any answer starts (400 context_length_exceeded: no room left).
         text: a legacy completion's prompt, tokenized as it is (no chat template)."""
-        messages = template_messages(req.messages)
+        fmt = self.tool_format if req.tools is not None and req.tools.choice != "none" else None
+        if fmt == "generic":  # the tools in a system message of ours, shown to a template that takes none
+            messages, shown = generic.messages(req.messages, req.tools), None
+        else:
+            messages, shown = template_messages(req.messages), req.tools.for_template() if req.tools else None
         try:
-            if req.tools is not None:
-                check_template(self.tokenizer, messages, req.tools)
-            prompt = render(self.tokenizer, messages, req.tools.for_template() if req.tools else None) \
-                if text is None else self.tokenizer(text)["input_ids"]
+            prompt = render(self.tokenizer, messages, shown) if text is None else self.tokenizer(text)["input_ids"]
         except ApiError:
             raise
         except Exception as e:  # a template that rejects the message order, for one
@@ -88,16 +95,20 @@ class Conversations:
         greedy = temperature == 0 or top_p == 0
         params = SamplingParams(0.0 if greedy else temperature, self.answer.top_k, 1.0 if greedy else top_p,
                                 self.answer.seed if req.seed is None else req.seed, logprobs=req.top_logprobs)
-        return Job(req, prompt, req.max_tokens or room, params, self._grammar(req))
+        return Job(req, prompt, req.max_tokens or room, params, self._grammar(req, fmt), fmt)
 
     @staticmethod
-    def _grammar(req: ChatRequest) -> str | None:
-        """What the answer must follow: response_format's JSON, or a call of one of the tools."""
-        call = req.tools.lark() if req.tools is not None else None
-        if call is not None and req.json_schema is not None:
-            raise ApiError(400, "a required tool call and response_format cannot both shape one answer",
-                           param="tool_choice")
+    def _grammar(req: ChatRequest, fmt: str | None) -> str | None:
+        """What the answer must follow: response_format's JSON, or a call of one of the tools (generic: the
+        answer is JSON, a call or a reply, even under auto)."""
+        call = req.tools.lark() if fmt == "native" else None
+        if (call is not None or fmt == "generic") and req.json_schema is not None:
+            why = "a required tool call" if fmt == "native" else "tools in the generic format (this model's)"
+            raise ApiError(400, f"{why} and response_format cannot both shape one answer",
+                           param="tool_choice" if fmt == "native" else "response_format")
         try:
+            if fmt == "generic":
+                return json_grammar(generic.schema(req.tools))
             if call is not None:
                 return lark_grammar(call)
             return json_grammar(req.json_schema) if req.json_schema is not None else None
@@ -149,8 +160,9 @@ class Conversations:
 
     async def _generate(self, job: Job, rs, emit) -> Outcome:
         text, stops = TextStream(self.tokenizer), StopFilter(job.request.stop)
-        # a call's text is held back from the first <tool_call>: it goes out as tool_calls if it parses
-        calls = StopFilter((OPEN,) if job.request.tools is not None and job.request.tools.choice != "none" else ())
+        # a call's text is held back from the first <tool_call>: it goes out as tool_calls if it parses; the
+        # generic format's whole answer is JSON, read once it is complete
+        calls = Held() if job.tool_format == "generic" else StopFilter((OPEN,) if job.tool_format else ())
         want = job.params.logprobs is not None
         held: list[dict] = []  # logprobs entries not sent yet: they go with the next piece of text
 
@@ -160,6 +172,8 @@ class Conversations:
 
         def on_round(ev: dict) -> None:
             if ev.get("event") == "round":
+                if job.first_token is None and ev["new"]:
+                    job.first_token = time.monotonic()
                 self.open[rs.sid] += len(ev["new"])
                 held.extend(self._entries(ev["logprobs"]))
                 if piece := stops.push(calls.push(text.push(ev["new"]))):
@@ -180,15 +194,29 @@ class Conversations:
         # what the stream held back (a character half decoded when the answer ended) goes out as the full decode has it
         full = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         tail = calls.push(full[len(text.text):])
-        found = split_calls(full) if calls.hit else None
-        if not found:  # no call, or text that is none after all: it is the answer's text
-            tail += calls.flush() + (full[full.index(OPEN):] if calls.hit else "")
+        if job.tool_format == "generic":
+            found = generic.read(full)
+            tail = found[0] if found else full  # the reply's text, or (cut short: no JSON) what the model wrote
+        else:
+            found = split_calls(full) if calls.hit else None
+            if not found:  # no call, or text that is none after all: it is the answer's text
+                tail += calls.flush() + (full[full.index(OPEN):] if calls.hit else "")
+        if found and found[1] and not job.request.tools.parallel:
+            found = found[0], found[1][:1]  # one call unless parallel_tool_calls (a native template's may be more)
         if (tail := stops.push(tail) + stops.flush()) or held:
             out(tail)
         s = result.stats.summary()
         stats = {k: s[k] for k in ("tokens_per_round", "acceptance", "tokens_per_second", "rounds", "drafted",
                                    "accepted")} | {"drafter": self.drafter.name}
-        if found:
+        if found and found[1]:
             return Outcome("tool_calls", len(result.token_ids), stats, found[1])
         return Outcome("length" if result.finish == "length" and not stops.hit else "stop", len(result.token_ids),
                        stats)
+
+
+class Held:
+    """Holds all the text back (the generic format's answer is read whole); the StopFilter's face."""
+    hit = False
+
+    def push(self, text: str) -> str:
+        return ""

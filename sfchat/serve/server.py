@@ -19,7 +19,7 @@ DEFAULT_LISTEN = "127.0.0.1:8000"
 
 async def serve_api(conversations: Conversations, listen: str = DEFAULT_LISTEN, *, api_key: str | None = None,
                     insecure_no_key: bool = False, keepalive_s: float = 10.0,
-                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    strict_model: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled; task_status gets the bound URL (port 0 picks a free one)."""
     host, port = parse_addr(listen)
     check_exposure(host, api_key, insecure_no_key)
@@ -28,5 +28,6 @@ async def serve_api(conversations: Conversations, listen: str = DEFAULT_LISTEN, 
     config.accesslog = None
     config.errorlog = logging.getLogger("sfchat.serve.http")
     config.keep_alive_timeout = 75  # clients reuse connections between requests
-    app = AccessLog(build_app(conversations, api_key=api_key, keepalive_s=keepalive_s))
+    app = AccessLog(build_app(conversations, api_key=api_key, keepalive_s=keepalive_s,
+                                     strict_model=strict_model))
     await serve(app, config, shutdown_trigger=trio.sleep_forever, task_status=task_status)

@@ -27,6 +27,11 @@ class Stream:
     created: int
     model: str
     include_usage: bool = False
+    done = DONE  # what ends the stream (a class attribute, not a field)
+
+    def error(self, body: dict) -> bytes:
+        """An error mid-stream, as OpenAI sends one."""
+        return event(body)
 
     def chunk(self, delta: dict, finish_reason: str | None = None, logprobs: list | None = None, **extra) -> bytes:
         c = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,

@@ -5,14 +5,18 @@ sfchat reads the calls in the form Qwen2.5's and Hermes' templates teach their m
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
-one block per call. A template that shows the model no tools, or teaches it another form, gets a 400 that says so.
+one block per call (the "native" format). A template that shows the model no tools, or teaches it another form,
+gets the generic format instead (sfchat/serve/generic_tools.py): tools in a system message, the answer JSON.
 
 tool_choice: "auto" lets the model choose; "none" shows it no tools; "required" and a named function make the
 answer a call, by a grammar (peers/speculation/grammar.py) whose arguments follow the function's JSON schema.
+parallel_tool_calls (false unless asked, as llama-server: small models do better with one call) lets an answer
+hold several calls.
 """
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 
@@ -20,13 +24,16 @@ from peers import JSON_STYLE
 
 from .errors import ApiError
 
+log = logging.getLogger("sfchat.serve")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+PROBE = {"type": "function", "function": {"name": "probe", "description": "a probe", "parameters": {"type": "object"}}}
 
 
 @dataclass(frozen=True)
 class Tools:
     functions: tuple[dict, ...]  # each {"name", "description"?, "parameters"?}
     choice: str  # auto, none, required, or the name of the function the answer must call
+    parallel: bool = False  # parallel_tool_calls: an answer may hold several calls
 
     def for_template(self) -> list[dict] | None:
         """The tools as chat templates take them (None: the model is shown none)."""
@@ -42,7 +49,8 @@ class Tools:
                   "required": ["name", "arguments"], "additionalProperties": False} for f in called]
         schema = (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"x-guidance": JSON_STYLE}
         wrap = json.dumps(OPEN + "\n"), json.dumps("\n" + CLOSE)  # as Lark string literals
-        return f"start: {wrap[0]} call {wrap[1]}\ncall: %json {json.dumps(schema)}"
+        start = 'start: one ("\\n" one)*' if self.parallel else "start: one"
+        return f"{start}\none: {wrap[0]} call {wrap[1]}\ncall: %json {json.dumps(schema)}"
 
 
 def bad(message: str, param: str) -> ApiError:
@@ -78,7 +86,10 @@ def parse(body: dict) -> Tools | None:
     elif choice not in ("auto", "none", "required"):
         raise bad("'tool_choice' must be auto, none, required or {'type': 'function', 'function': {'name': ...}}",
                   "tool_choice")
-    return Tools(tuple(functions), choice)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    return Tools(tuple(functions), choice, bool(parallel))
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
@@ -98,18 +109,20 @@ def template_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-def check_template(tokenizer, messages: list[dict], tools: Tools) -> None:
-    """400 unless the model's template shows the model the tools and teaches the <tool_call> form."""
-    shown = tools.for_template()
-    if shown is None:
-        return
-    with_tools = tokenizer.apply_chat_template(messages, tools=shown, add_generation_prompt=True, tokenize=False)
-    without = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    if with_tools == without:
-        raise bad("this model's chat template has no tools: it cannot be given any", "tools")
-    if OPEN not in with_tools:
-        raise bad(f"this model's chat template teaches a tool-call form other than {OPEN} JSON {CLOSE}, "
-                  "the one sfchat reads", "tools")
+def tool_format(tokenizer, model: str = "the model") -> str:
+    """native: the template shows the model its tools and teaches the <tool_call> form; else generic. Said once in
+    the log, as llama-server says which format a model gets."""
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        with_tools = tokenizer.apply_chat_template(probe, tools=[PROBE], add_generation_prompt=True, tokenize=False)
+        without = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+    except Exception:  # a template that cannot render tools at all
+        with_tools = without = ""
+    native = with_tools != without and OPEN in with_tools
+    log.info("tool calls: %s gets the %s", model, f"native format (its template's {OPEN} JSON {CLOSE})" if native
+             else "generic format (its template shows no tools in that form: they are described in a system message "
+                  "and the answer is held to JSON, a call or a reply)")
+    return "native" if native else "generic"
 
 
 def split_calls(text: str) -> tuple[str, list[dict]] | None:

@@ -161,7 +161,7 @@ class Engine(Worker):
         if self.serving is not None:
             st = self.serving.status()
             serving = f"{self.serving.url}/v1 · {st['in_flight']} request(s) in flight, {st['waiting']} waiting"
-        self.post(RingChanged(members, "\n".join(invite.lines()), serving))
+        self.post(RingChanged(members, "\n".join(invite.lines() + [host.planner.how()]), serving))
 
     async def main(self) -> None:
         with self._lock:  # before any checkpoint, so these stay ahead of requests sent through the token

@@ -107,7 +107,6 @@ def test_error_shapes(server, tiny_llama):
     post = lambda body, **kw: server.http.post("/v1/chat/completions", json=body, **kw)  # noqa: E731
     assert error_of(httpx.post(server.url + "/v1/chat/completions", json=ok), 401)["code"] == "invalid_api_key"
     assert error_of(httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer nope"}), 401)
-    assert error_of(post(ok | {"model": "gpt-4o"}), 404)["code"] == "model_not_found"
     assert error_of(post(ok | {"n": 2}), 400)["param"] == "n"
     assert error_of(post(ok | {"temperature": "hot"}), 400)["param"] == "temperature"
     assert error_of(post(ok | {"messages": [{"role": "robot", "content": "x"}]}), 400)
@@ -137,10 +136,24 @@ def test_error_shapes(server, tiny_llama):
     assert re.search(r'"POST /v1/chat/completions" 200 \d+ tokens \d+\.\d\d s', log), log
 
 
+def test_any_model_name_is_answered_by_the_one_served(server, tiny_llama):
+    """As llama-server: a client's default name ("gpt-4o") gets the model served, named in the answer; the log
+    says so once (--strict-model keeps the 404: tests/app/test_serve_structured.py)."""
+    c = client(server)
+    for name in ("gpt-4o", "gpt-4o", "some-other"):
+        assert c.chat.completions.create(model=name, messages=user("hi"), max_tokens=2).model == tiny_llama.name
+    log = server.log.read_text()
+    assert log.count("asked for the model 'gpt-4o'") == 1 and log.count("asked for the model 'some-other'") == 1
+
+
 def test_health_is_open_and_its_members_need_the_key(server):
     open_ = httpx.get(server.url + "/health")
     assert open_.status_code == 200 and open_.json()["status"] == "ok" and "members" not in open_.json()
-    assert len(server.health()["members"]) == 3  # with the key
+    assert open_.json()["reason"] == "" and open_.json()["since"]
+    members = server.health()["members"]  # with the key
+    assert len(members) == 3
+    # under --placement memory (the suite's) too, each member's ms/layer and share of the time per token
+    assert all(m["ms_per_layer"] is not None and m["share"] > 0 for m in members), members
 
 
 def test_hostile_bodies_leave_other_answers_alone(server, tiny_llama):
@@ -279,3 +292,121 @@ def test_model_card_and_unknown_routes_name_what_is_served(server, tiny_llama):
     assert "/v1/embeddings is not served here" in e.value.message and "POST /v1/completions" in e.value.message
     err = error_of(server.http.get("/v1/nothing"), 404)
     assert "POST /v1/chat/completions" in err["message"] and "GET /v1/models/{model}" in err["message"]
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {  # (closed: a random model's answer ends)
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+
+
+def generic_prompt_tokens(model_dir, messages: list[dict], tools: list[dict], choice="auto") -> int:
+    """The prompt the generic format makes: the template over our system message and the messages as it takes them."""
+    from sfchat.serve import generic_tools
+    from sfchat.serve.request import _messages
+    from sfchat.serve.tools import parse as parse_tools
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    shown = generic_tools.messages(_messages({"messages": messages}), parse_tools({"tools": tools,
+                                                                                  "tool_choice": choice}))
+    return len(tok.apply_chat_template(shown, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_template_without_tools_gets_the_generic_format(server, tiny_llama, choice):
+    """The tiny Llama's template shows no tools: they go in a system message of ours, and a required or named call
+    comes back as tool_calls whose arguments follow the schema, whole and streamed alike. (One short tool: the tiny
+    tokenizer spends a token a character, and the context holds 512.)"""
+    import jsonschema
+    c = client(server)
+    kw = dict(model=tiny_llama.name, messages=user("time?"), tools=[TIME], tool_choice=choice, max_tokens=80,
+              temperature=0)
+    r = c.chat.completions.create(**kw)
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and m.content is None and len(m.tool_calls) == 1, r
+    call = m.tool_calls[0]
+    assert call.function.name == "get_time"
+    jsonschema.validate(json.loads(call.function.arguments), TIME["function"]["parameters"])
+    assert r.usage.prompt_tokens == generic_prompt_tokens(tiny_llama, kw["messages"], kw["tools"], choice)
+    chunks = [ch for ch in c.chat.completions.create(**kw, stream=True) if ch.choices]
+    deltas = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == [(call.function.name, call.function.arguments)]
+    assert "gets the generic format" in server.log.read_text()
+
+
+def test_generic_results_go_back_as_the_template_takes_them(server, tiny_llama):
+    c = client(server)
+    r = c.chat.completions.create(model=tiny_llama.name, messages=user("time?"), tools=[TIME],
+                                  tool_choice="required", max_tokens=80, temperature=0)
+    call = r.choices[0].message.tool_calls[0]
+    messages = user("time?") + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                                {"role": "tool", "tool_call_id": call.id, "content": "noon"}]
+    r2 = c.chat.completions.create(model=tiny_llama.name, messages=messages, tools=[TIME], tool_choice="required",
+                                   max_tokens=4)
+    assert r2.usage.prompt_tokens == generic_prompt_tokens(tiny_llama, messages, [TIME], "required")
+
+
+def test_generic_schema_holds_one_call_or_with_parallel_tool_calls_several():
+    import jsonschema
+
+    from sfchat.serve import generic_tools
+    from sfchat.serve.tools import parse as parse_tools
+    one = {"name": "get_time", "arguments": {"zone": "utc"}}
+    auto = generic_tools.schema(parse_tools({"tools": [WEATHER, TIME]}))
+    for ok in ({"tool_call": one}, {"response": "hi"}):
+        jsonschema.validate(ok, auto)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"tool_calls": [one, one]}, auto)
+    parallel = generic_tools.schema(parse_tools({"tools": [WEATHER, TIME], "tool_choice": "required",
+                                                 "parallel_tool_calls": True}))
+    jsonschema.validate({"tool_calls": [one, one]}, parallel)
+    for bad in ({"response": "hi"}, {"tool_calls": []}, {"tool_call": one}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, parallel)
+    text, calls = generic_tools.read(json.dumps({"tool_calls": [one, one]}))
+    assert text == "" and [json.loads(c["function"]["arguments"]) for c in calls] == [{"zone": "utc"}] * 2
+    assert generic_tools.read('{"response": "It is noon."}') == ("It is noon.", [])  # a reply: its text alone
+    assert generic_tools.read('{"response": "It is') is None  # cut short: the text is the answer
+
+
+def test_responses_with_function_calls_whole_and_streamed(server, tiny_llama):
+    import jsonschema
+    c = client(server)
+    tools = [{"type": "function", **TIME["function"]}]
+    kw = dict(model=tiny_llama.name, input="time?", tools=tools, tool_choice="required", max_output_tokens=80,
+              temperature=0)
+    r = c.responses.create(**kw)
+    call = r.output[0]
+    assert r.status == "completed" and call.type == "function_call" and call.name == "get_time"
+    jsonschema.validate(json.loads(call.arguments), TIME["function"]["parameters"])
+    events = list(c.responses.create(**kw, stream=True))
+    assert [e.type for e in events][-4:] == ["response.function_call_arguments.delta",
+                                            "response.function_call_arguments.done", "response.output_item.done",
+                                            "response.completed"]
+    assert events[-1].response.output[0].arguments == call.arguments
+    # the call and its output go back as items: the same prompt as chat completions make of them
+    back = [{"role": "user", "content": "time?"}, call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": "noon"}]
+    r2 = c.responses.create(model=tiny_llama.name, input=back, tools=tools, tool_choice="required",
+                            max_output_tokens=4)
+    assert r2.status == "incomplete" and r2.incomplete_details.reason == "max_output_tokens"
+    as_chat = user("time?") + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": call.call_id, "type": "function", "function": {
+            "name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "noon"}]
+    assert r2.usage.input_tokens == generic_prompt_tokens(tiny_llama, as_chat, [TIME], "required")
+
+
+def test_responses_refuse_what_is_not_done_naming_it(server, tiny_llama):
+    c = client(server)
+    for kw, param in ((dict(previous_response_id="resp_1"), "previous_response_id"), (dict(store=True), "store"),
+                      (dict(tools=[{"type": "web_search"}]), "tools[0]"),
+                      (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+                       "input[0].content"),
+                      (dict(max_output_tokens=0), "max_output_tokens")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(**{"model": tiny_llama.name, "input": "hi"} | kw)
+        assert e.value.body["param"] == param, e.value.body

@@ -97,3 +97,26 @@ def test_member_killed_while_four_stream(server, uninterrupted):
     h = server.health()
     assert [m["state"] for m in h["members"]].count("lost") == 1 and h["status"] == "ok"
     assert_covers(h["members"], 4)  # the two left hold the tiny Llama's 4 layers between them, each once
+
+
+def test_health_is_a_503_while_a_member_is_silent(server):
+    """A paused member (SIGSTOP: a machine asleep) stalls every answer: /health says so (degraded, the member named,
+    a 503 for a readiness probe) before the member is declared lost, and ok again once it answers."""
+    server.wait_until(lambda h: h["status"] == "ok", what="a ring that can answer")
+    pids = server.peer_pids()
+    seen = []
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as h:  # (open: no key)
+            while not seen or seen[-1][1]["status"] == "ok":
+                r = h.get("/health")
+                seen.append((r.status_code, r.json()))
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    status, body = seen[-1]
+    assert status == 503 and body["status"] == "degraded" and "silent for" in body["reason"] and body["since"], body
+    assert all(s == 200 for s, _ in seen[:-1])
+    h = server.wait_until(lambda h: h["status"] == "ok", what="ok again")
+    assert h["reason"] == "" and h["since"] >= body["since"]

@@ -46,7 +46,7 @@ def server(tools_model, tmp_path_factory):
     from tiny import make_model
     draft = make_model(tmp_path_factory.mktemp("tiny-draft"), "llama", layers=1, seed=7)
     s = Server(tools_model, tmp_path_factory.mktemp("serve") / "serve.log", "--draft", str(draft),
-               "--in-flight", "3", "--temperature", "0", peers=2)
+               "--in-flight", "3", "--temperature", "0", "--strict-model", peers=2)
     s.wait_until(lambda h: sum(m["layers"] not in ("", "none") for m in h["members"]) == 3, what="a ring of three")
     yield s
     s.close()
@@ -190,16 +190,23 @@ def test_split_calls_reads_the_tool_call_form():
     assert split_calls("<tool_call>\nnot json\n</tool_call>") is None
 
 
-def test_a_template_without_tools_is_told_so():
-    from tiny import make_tokenizer
+def test_each_template_gets_its_tool_format_said_once_in_the_log(server):
+    """A template that teaches <tool_call> is used as it is (native); one that shows no tools gets the generic
+    format (tests/app/test_serve_tools.py)."""
+    from tiny import TOOLS_TEMPLATE, make_tokenizer
 
-    from sfchat.serve.errors import ApiError
-    from sfchat.serve.tools import Tools, check_template
+    from sfchat.serve.tools import tool_format
     tok = make_tokenizer()
-    with pytest.raises(ApiError) as e:
-        check_template(tok, user("x"), Tools((WEATHER["function"],), "auto"))
-    assert e.value.status == 400 and "chat template has no tools" in str(e.value.body())
-    check_template(tok, user("x"), Tools((WEATHER["function"],), "none"))  # shown none: nothing to refuse
+    assert tool_format(tok) == "generic"
+    tok.chat_template = TOOLS_TEMPLATE
+    assert tool_format(tok) == "native"
+    assert server.log.read_text().count("tool calls: ") == 1 and "gets the native format" in server.log.read_text()
+
+
+def test_strict_model_keeps_the_404(server):
+    with pytest.raises(openai.NotFoundError) as e:
+        client(server).chat.completions.create(model="gpt-4o", messages=user("x"), max_tokens=2)
+    assert e.value.code == "model_not_found"
 
 
 def test_json_object_answers_are_json_objects(server):

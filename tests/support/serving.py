@@ -16,12 +16,14 @@ KEY = "test-key"
 
 
 class Server:
-    def __init__(self, model: Path, log: Path, *args: str, peers: int = 0, timeout: float = 180):
+    def __init__(self, model: Path, log: Path, *args: str, peers: int = 0, timeout: float = 180,
+                 env: dict[str, str] | None = None):
+        """env: the server's environment (default: the tests', helpers.child_env)."""
         cmd = [sys.executable, "-m", "sfchat", "serve", "--model", str(model), "--http-listen", "127.0.0.1:0",
                "--ring-listen", "127.0.0.1:0", "--local-peers", str(peers), "--api-key", KEY, *args]
         self.log = log
         with open(log, "w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT,
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env or child_env(), cwd=ROOT,
                                          stdin=subprocess.DEVNULL)
         try:
             m = wait_for_line(log, r"serving \S+ at (http://\S+)/v1", self.proc, timeout)
@@ -32,7 +34,7 @@ class Server:
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
 
     def health(self) -> dict:
-        return self.http.get("/health").json()
+        return self.http.get("/health").json()  # (a 503 while the ring cannot answer: its body says why)
 
     def peer_pids(self) -> list[int]:
         return children(self.proc.pid)

@@ -1,4 +1,5 @@
 """Placement by speed (peers/plan/placement.py) against brute force over every split of a small model."""
+import dataclasses
 import itertools
 import random
 
@@ -81,3 +82,19 @@ def test_plan_without_measured_speeds_falls_back_to_memory():
     gb = 2**30
     offers = [Offer("host", int(0.3 * gb)), Offer("a", int(0.3 * gb)), Offer("b", 2 * gb)]
     assert plan(SMALL, offers, 2048, placement="speed") == plan(SMALL, offers, 2048, placement="memory")
+
+
+def test_local_peers_asked_for_hold_layers_evened_out():
+    """`--local-peers 2` on one box: the host is fastest and could hold every layer, yet the ring the user asked
+    for is a ring: each local peer holds layers, the busiest stage evened out; a slower one holds fewer."""
+    gb = 2**30
+    offers = [Offer("host", 4 * gb, ms_per_layer=1.0), Offer("local-a", 4 * gb, ms_per_layer=1.2, link_ms=1.0),
+              Offer("local-b", 4 * gb, ms_per_layer=2.4, link_ms=1.0)]
+    alone = plan(SMALL, offers, 2048, placement="speed")
+    assert alone[0].size == 30 and alone[1].size == alone[2].size == 0  # by speed alone: two spares
+    asked = [offers[0]] + [dataclasses.replace(o, must=True) for o in offers[1:]]
+    spans = plan(SMALL, asked, 2048, placement="speed")
+    assert covers(spans, 30) and all(s.size for s in spans), spans
+    assert spans[0].size >= spans[1].size > spans[2].size  # in proportion to speed
+    # a member asked for that the even-out would leave empty still gets a layer
+    assert place([Stage(30, 1.0), Stage(30, 50.0, 1.0)], 30, many=True, must=frozenset({1}))[1] == 1
