@@ -14,13 +14,14 @@ Such a row holds nothing and is reused from position 0.
 
 Which row a request takes (`m`: the prefix it can reuse; `loss`: the positions of the row's own conversation it
 would overwrite):
-1. a row that holds only a prefix of the prompt (loss 0), the longest;
-2. a row whose shared prefix is at least what it would overwrite (m >= loss), the longest m: an agent's next
-   call after the same system prompt, even though the row held another call's tail;
-3. a free row: a new one while the pool is below its size, or one that holds nothing valid;
-4. the least recently used idle row.
-Rows are never copied into one another, so two conversations that share only a system prompt and come in turn
-may take each other's rows (rule 2); the pool's size is the arena's rows, so no member ever evicts a warm row.
+1. a row that holds only a prefix of the prompt (loss 0), the longest: a chat's next turn;
+2. a row whose shared prefix is at least SHARE times what it would overwrite, the longest: an agent's next call
+   after the same long system prompt, though the row held another call's short tail;
+3. a free row: a new one while the pool is below its size, else one that holds nothing valid;
+4. the least recently used idle row (with whatever prefix it shares).
+Rows are never copied into one another, so two chats that share only a system prompt keep rows of their own while
+there are rows to spare (rule 2 leaves them alone: a chat's own turn is more than a SHARE-th of a system prompt),
+and take the least recently used one after. The pool's size is the arena's rows, so no member evicts a warm row.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from peers.base.limits import SESSION_IDLE_S
 from peers.host.host import Host, RingSession
 from peers.speculation.drafting import Drafter, common_prefix
 
+SHARE = 4  # rule 2: the prefix shared is worth taking over another conversation's row at SHARE times its loss
 TRUST_S = SESSION_IDLE_S / 2  # a row idle longer is reused from position 0: members collect theirs after SESSION_IDLE_S
 
 
@@ -73,16 +75,16 @@ class WarmRows:
                 held = self._held(r, now)
                 m = min(held, common_prefix(prompt, r.tokens), len(prompt) - 1) if reuse else 0
                 idle.append((r, m, held - m))
-        lru = lambda c: c[0].used  # noqa: E731
+        longest = lambda cs: max(cs, key=lambda c: (c[1], -c[0].used))  # noqa: E731 (a tie: least recently used)
         extend = [c for c in idle if c[1] > 0 and c[2] == 0]
-        share = [c for c in idle if c[1] > 0 and c[1] >= c[2]]
+        share = [c for c in idle if c[1] > 0 and c[1] >= SHARE * c[2]]
         empty = [c for c in idle if c[1] == 0 and c[2] == 0]
         if extend or share:
-            row, m, _ = max(extend or share, key=lambda c: (c[1], -c[0].used))
+            row, m, _ = longest(extend or share)
         elif len(self.rows) < self.size or not idle:
             row, m = self._new(spare=len(self.rows) >= self.size), 0
         else:
-            row, m, _ = min(empty, key=lru) if empty else min(idle, key=lru)
+            row, m, _ = min(empty or idle, key=lambda c: c[0].used)
         if m == 0 and row.drafter is not None:  # nothing reused: the draft starts afresh too
             row.drafter.close()
             row.drafter = None
