@@ -73,7 +73,7 @@ class WarmRows:
         for r in self.rows:
             if not r.busy:
                 held = self._held(r, now)
-                m = min(held, common_prefix(prompt, r.tokens), len(prompt) - 1) if reuse else 0
+                m = min(held, r.rs.filled, common_prefix(prompt, r.tokens), len(prompt) - 1) if reuse else 0
                 idle.append((r, m, held - m))
         longest = lambda cs: max(cs, key=lambda c: (c[1], -c[0].used))  # noqa: E731 (a tie: least recently used)
         extend = [c for c in idle if c[1] > 0 and c[2] == 0]

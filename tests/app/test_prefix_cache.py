@@ -172,5 +172,8 @@ def test_a_replan_leaves_no_warm_row_trusted(tiny_llama):
                 cached.append(k)
                 messages.append({"role": "assistant", "content": text})
             assert cached[1] > 0 and cached[2] == 0 and cached[3] > 0, cached
+            # --no-prefix-cache: no row kept, every prompt read from scratch
+            conv = Conversations(host, tok, eos_ids(host.model_dir, host.config, tok), Drafter(), prefix_cache=False)
+            assert [(await answer(messages))[1] for _ in range(2)] == [0, 0] and conv.warm.rows == []
 
     trio.run(main)
