@@ -138,7 +138,7 @@ class Serve:
         self.model = self.client.models.list().data[0].id
 
     def ask(self, messages: list[dict], cache: bool, max_tokens: int = 32) -> dict:
-        t0, first, text, usage = time.perf_counter(), None, [], None
+        t0, first, text, usage, stats = time.perf_counter(), None, [], None, {}
         for ch in self.client.chat.completions.create(
                 model=self.model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
                 stream_options={"include_usage": True}, extra_body={"cache_prompt": cache}):
@@ -147,8 +147,11 @@ class Serve:
                 text.append(ch.choices[0].delta.content)
             if ch.usage is not None:
                 usage = ch.usage
+            stats = (ch.model_extra or {}).get("sfchat") or stats  # (the last chunk's: the answer's rounds)
+        epoch = self.client.get("/../health", cast_to=object)["epoch"]  # a re-plan leaves no warm row trusted
         return {"ttft_ms": round((first or time.perf_counter() - t0) * 1e3, 1), "text": "".join(text),
-                "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.prompt_tokens_details.cached_tokens}
+                "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.prompt_tokens_details.cached_tokens,
+                "tokens_per_round": stats.get("tokens_per_round"), "epoch": epoch}
 
     def close(self) -> None:
         for p in reversed(self.procs):
@@ -201,6 +204,11 @@ def summary(rtt: float, c: dict, agents: list[dict]) -> dict:
     out["twelfth_from_scratch_equal"] = c["twelfth_from_scratch_equal"]
     out["first_turn_answered_differently"] = c["first_turn_answered_differently"]
     out["agent_prompt_tokens"] = agents[0]["with"][0]["prompt_tokens"]
+    for key in ("with", "without"):  # the draft's state comes back with a row: its rounds as long as from scratch
+        out[f"chat_tokens_per_round_{key}"] = median([r["tokens_per_round"] for r in c[key][1:]
+                                                      if r["tokens_per_round"]])
+    epochs = [r["epoch"] for r in c["with"] + [q for a in agents for q in a["with"]]]
+    out["replans_during_run"] = epochs[-1] - epochs[0]
     return out
 
 

@@ -160,7 +160,7 @@ def test_a_replan_leaves_no_warm_row_trusted(tiny_llama):
                 return "".join(pieces), out.cached_tokens
 
             messages = [{"role": "system", "content": SYSTEM}]
-            cached = []
+            cached, drafters = [], []
             for i, q in enumerate(QUESTIONS):
                 if i == 2:
                     epoch = host.epoch
@@ -168,10 +168,12 @@ def test_a_replan_leaves_no_warm_row_trusted(tiny_llama):
                     assert host.epoch > epoch and conv.status()["warm"] == 0
                 messages.append({"role": "user", "content": q})
                 text, k = await answer(messages)
+                drafters.append([r.drafter for r in conv.warm.rows])
                 assert text == (await answer(messages, cache=False))[0]
                 cached.append(k)
                 messages.append({"role": "assistant", "content": text})
             assert cached[1] > 0 and cached[2] == 0 and cached[3] > 0, cached
+            assert any(a is b for a in drafters[0] for b in drafters[1])  # a reused row's drafter came back with it
             # --no-prefix-cache: no row kept, every prompt read from scratch
             conv = Conversations(host, tok, eos_ids(host.model_dir, host.config, tok), Drafter(), prefix_cache=False)
             assert [(await answer(messages))[1] for _ in range(2)] == [0, 0] and conv.warm.rows == []
