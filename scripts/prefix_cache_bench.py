@@ -111,7 +111,7 @@ def median(xs: list[float]) -> float:
 
 
 class Serve:
-    """`sfchat serve --local-peers N` (behind a shaping relay for a round trip), stopped with Ctrl+C's signal."""
+    """`sfchat serve --local-peers N` (behind a shaping relay for a round trip)."""
 
     def __init__(self, peers: int, rtt_ms: float, extra: list[str], log: Path):
         self.procs = []
@@ -156,7 +156,7 @@ class Serve:
     def close(self) -> None:
         for p in reversed(self.procs):
             if p.poll() is None:
-                p.send_signal(signal.SIGINT)
+                p.send_signal(signal.SIGTERM)  # (a background shell leaves its jobs deaf to SIGINT)
                 try:
                     p.wait(30)
                 except subprocess.TimeoutExpired:

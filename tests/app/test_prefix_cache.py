@@ -80,7 +80,7 @@ def test_a_resent_chat_reuses_its_row_and_answers_as_from_scratch(server, sampli
     check_exact(server, sampling)
 
 
-@pytest.mark.xfail(strict=True, reason="until a pass's logits are independent of its shape in bfloat16/int4 (#56): "
+@pytest.mark.xfail(strict=True, reason="until a pass's logits are independent of its shape in bfloat16/int4: "
                    "a prefix computed in decode passes differs in its last bits from the same prefix prefilled")
 @pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])
 def test_in_the_cpu_defaults_too(defaults, sampling):
