@@ -20,8 +20,13 @@ would overwrite):
 3. a free row: a new one while the pool is below its size, else one that holds nothing valid;
 4. the least recently used idle row (with whatever prefix it shares).
 Rows are never copied into one another, so two chats that share only a system prompt keep rows of their own while
-there are rows to spare (rule 2 leaves them alone: a chat's own turn is more than a SHARE-th of a system prompt),
-and take the least recently used one after. The pool's size is the arena's rows, so no member evicts a warm row.
+there are rows to spare (rule 2 leaves them alone where a chat's own turns are more than a SHARE-th of its system
+prompt), and take the least recently used one after.
+
+The pool has as many rows as every member's arena (--max-conversations), so no member ever evicts a warm row, and
+warm rows cost no memory beyond what the plan counts. More warm rows than admitted conversations would need arena
+rows the plan does not count (on a GPU each is a whole --max-context, reserved); where memory allows, a larger
+--max-conversations gives more of both.
 """
 from __future__ import annotations
 
