@@ -23,5 +23,6 @@ def size(n: float) -> str:
 
 def cache_positions(context: int) -> int:
     """The positions one conversation's row of the KV arena holds for `context`: a round's drafts past the last
-    position the context allows, padded to their graph bucket."""
-    return context + 2 * GRAPH_BUCKETS[-1]
+    position the context allows, padded to their graph bucket; a multiple of 16 (peers/compute/invariant.py pads
+    keys to one)."""
+    return -(-(context + 2 * GRAPH_BUCKETS[-1]) // 16) * 16

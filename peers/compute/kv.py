@@ -67,6 +67,15 @@ class Arena:
             self.holders[row] = weakref.ref(s)
             weakref.finalize(s, self._release, s.cell)
 
+    def clear_tail(self, row: int, end: int, step: int) -> None:
+        """Zero a row's columns from `end` to the next multiple of `step` (within the room), in every layer: a pass
+        that reads up to there masks them, and a masked key's value still enters the sum as 0 x value, which must
+        not be a stale NaN of memory nobody wrote."""
+        stop = min(self.room, -(-end // step) * step)
+        if stop > end:
+            self.keys[:, row, :, end:stop] = 0
+            self.values[:, row, :, end:stop] = 0
+
     def _release(self, cell: list) -> None:
         if cell[0] is not None:
             self.holders.pop(cell[0], None)

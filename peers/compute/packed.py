@@ -17,6 +17,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from peers.compute import invariant
+
 NAME = "sfchat_packed"
 
 
@@ -44,29 +46,36 @@ class Caches:
 class PackedWriter:
     """The cache transformers' attention layers call during an eager pass: `update` writes each segment's keys and
     values into its conversation's row of the arena (peers/compute/kv.py) at its cache columns and returns, per segment,
-    the columns its mask covers."""
+    the columns its mask covers; or, with `plans` (peers/compute/invariant.py: each segment's query groups), the
+    whole row, which `attention` then reads group by group."""
 
-    def __init__(self, arena, rows: list[int], first_layer: int, indices: list[torch.Tensor], views: list[dict],
-                 bounds: list[tuple[int, int]]):
+    def __init__(self, arena, rows: list[int], first_layer: int, indices: list[torch.Tensor], views: list[dict] | None,
+                 bounds: list[tuple[int, int]], plans: list | None = None):
         self.arena, self.rows, self.first = arena, rows, first_layer
-        self.indices, self.views, self.bounds = indices, views, bounds
+        self.indices, self.views, self.bounds, self.plans = indices, views, bounds, plans
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         keys, values = [], []
         layer = layer_idx - self.first
-        for row, index, views, (a, b) in zip(self.rows, self.indices, self.views, self.bounds):
+        for i, (row, index, (a, b)) in enumerate(zip(self.rows, self.indices, self.bounds)):
             k, v = self.arena.keys[layer, row : row + 1], self.arena.values[layer, row : row + 1]
             k.index_copy_(2, index, key_states[:, :, a:b])
             v.index_copy_(2, index, value_states[:, :, a:b])
-            lo, hi = views[layer_idx]
+            lo, hi = self.views[i][layer_idx] if self.plans is None else (0, k.shape[2])
             keys.append(k[:, :, lo:hi])
             values.append(v[:, :, lo:hi])
-        return Packed(keys, self.bounds), Packed(values, self.bounds)
+        keys, values = Packed(keys, self.bounds), Packed(values, self.bounds)
+        keys.plans = self.plans
+        return keys, values
 
 
 def attention(module, query, key, value, attention_mask, **kwargs):
     """The family's own attention (`module.sfchat_attention`: sdpa, or the model's eager one), per segment when the
     pass is packed, else as it is."""
+    if getattr(key, "plans", None) is not None:  # rows computed as a one-token pass would (invariant.py)
+        outs = [invariant.attend(query[:, :, a:b], k, v, plan, kwargs["scaling"], kwargs.get("sliding_window"))
+                for (a, b), k, v, plan in zip(key.bounds, key, value, key.plans)]
+        return torch.cat(outs, dim=1), None
     inner = family_attention(module)
     if not isinstance(key, Packed):
         return inner(module, query, key, value, attention_mask, **kwargs)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from peers.models import families as architectures
-from peers.compute import kv, packed
+from peers.compute import invariant, kv, packed
 from peers.base import tree_layout
 from peers.compute.cpu_linear import use_columns
 from peers.compute.graphs import Graphs, pad, shape
@@ -53,6 +53,9 @@ class Shard:
         if self.embed is not None:
             self.family.prepare_embedding(config, self.embed, self.device)
         del parts
+        # a CPU pass's rows computed as one-token passes would (peers/compute/invariant.py): an answer then never
+        # depends on the passes it went through; transformers' sdpa only (an eager family keeps its own)
+        self.invariant = self.device.type == "cpu" and config.sfchat_attention == "sdpa"
         capture = graphs and self.device.type == "cuda"
         self.graphs = Graphs(self.device, capture) if capture or padded else None
         self.context = context or min(getattr(config, "max_position_embeddings", 0) or MAX_CONTEXT, MAX_CONTEXT)
@@ -158,18 +161,27 @@ class Shard:
         x = torch.cat([self._input(x) for _, _, x, _, _ in passes], dim=1)
         h = self.embed(x) if self.embed is not None else x
         if self.span.size:
-            rows, indices, views, metas = [], [], [], []
+            rows, indices, views, metas, plans = [], [], [], [], []
             for s, committed, x_i, parents, keep in passes:
                 t, m = x_i.shape[1], len(keep or ())
                 full = parents if keep is not None else tree_layout.full_parents(t, parents or [])
                 rows.append(s.row)
                 indices.append(committed + m + torch.arange(t, device=self.device))
-                views.append(self._views(committed, m + t))
                 metas.append(self._meta(committed, m, t, full))
+                if self.invariant:
+                    plans.append(invariant.groups(committed, m, full))
+                    self.arena.clear_tail(s.row, committed + m + t, invariant.KEY_STEP)
+                else:
+                    views.append(self._views(committed, m + t))
             pos = torch.cat([m[1] for m in metas], dim=1)
-            masks = {kind: packed.Packed([self._mask(*m, v[layer], kind) for m, v in zip(metas, views)], bounds)
-                     for kind, layer in self._kinds().items()}
-            h = self._layers(h, masks, pos, packed.PackedWriter(self.arena, rows, self.span.start, indices, views, bounds))
+            if self.invariant:  # each row's keys are its positions 0..p: no mask to build
+                masks = {kind: packed.Packed([None] * len(passes), bounds) for kind in self._kinds()}
+            else:
+                masks = {kind: packed.Packed([self._mask(*m, v[layer], kind) for m, v in zip(metas, views)], bounds)
+                         for kind, layer in self._kinds().items()}
+            writer = packed.PackedWriter(self.arena, rows, self.span.start, indices, views or None, bounds,
+                                         plans or None)
+            h = self._layers(h, masks, pos, writer)
         return [h[:, a:b] for a, b in bounds]
 
     def _meta(self, committed: int, m: int, t: int, full: list[int]) -> tuple[torch.Tensor, ...]:
