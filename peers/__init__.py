@@ -22,7 +22,7 @@ FACE = {
     # a chat and how it is answered
     "Chat": "peers.conversation.chat", "TextStream": "peers.conversation.chat", "render": "peers.conversation.chat",
     "load_tokenizer": "peers.conversation.chat", "eos_ids": "peers.conversation.chat",
-    "context_limit": "peers.conversation.context",
+    "context_limit": "peers.conversation.context", "WarmRows": "peers.conversation.warm_rows",
     "generate": "peers.speculation.generate", "SamplingParams": "peers.speculation.sampling",
     "KPolicy": "peers.speculation.adaptive", "MAX_NODES": "peers.base.limits",
     **{name: "peers.speculation.grammar" for name in ("Grammar", "GrammarError", "json_grammar", "lark_grammar",

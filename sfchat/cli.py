@@ -124,6 +124,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-conversations", type=at_least(1), metavar="N",
                    help="answers generated at once, each with its room in every member's memory; more wait in line "
                    "(default: 4)")
+    p.add_argument("--no-prefix-cache", action="store_true", help="compute every request's prompt (and on host "
+                   "every turn of the chat) from scratch: no caches kept on the members between requests")
     p.add_argument("--keep-alive-s", type=in_range(0.01, 3600), default=10.0, metavar="S",
                    help="a keep-alive comment to a streaming client after S seconds without news (queue, prefill)")
 

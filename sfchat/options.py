@@ -73,6 +73,7 @@ class RingOptions:
     local_args: tuple[list[str], ...] = ()  # bench --member-*: each local peer's own join flags (threads, dtype…)
     wait_peers: int = 0  # joiners to wait for before the first plan
     advertise: str | None = None  # the address the invite names
+    prefix_cache: bool = True  # False (--no-prefix-cache): no caches kept between requests, or a chat's turns
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,8 @@ def ring_options(args, s: Settings | None = None) -> RingOptions:
                              max_conversations=a.get("max_conversations"), keep_alive_s=a.get("keep_alive_s", 10.0),
                              strict_model=bool(a.get("strict_model")))
     return RingOptions(host, answer_options(args, s), serve, local_peers=a.get("local_peers") or 0,
-                       wait_peers=a.get("wait_peers") or 0, advertise=a.get("advertise"))
+                       wait_peers=a.get("wait_peers") or 0, advertise=a.get("advertise"),
+                       prefix_cache=not a.get("no_prefix_cache"))
 
 
 def join_options(args) -> JoinOptions:

@@ -133,7 +133,7 @@ class HeadlessChat:
         self.opts, self.ring, self.lines, self.drafter = opts, ring, lines, drafter
         self.answer = opts.answer
         self.settings = settings_mod.load()
-        self.chat = Chat(ring.host, ring.tokenizer, ring.eos)
+        self.chat = Chat(ring.host, ring.tokenizer, ring.eos, reuse=opts.prefix_cache)
         self.policy = self.answer.pin(KPolicy())
 
     async def reply(self, text: str) -> None:
@@ -165,7 +165,7 @@ class HeadlessChat:
         s, say = self.settings, self.lines.say
         if cmd.name == "new":
             await self.ring.host.drop(self.chat.rs)
-            self.chat = Chat(self.ring.host, self.ring.tokenizer, self.ring.eos)
+            self.chat = Chat(self.ring.host, self.ring.tokenizer, self.ring.eos, reuse=self.opts.prefix_cache)
             say("New chat.")
         elif cmd.name == "draft":
             await self.set_draft(cmd.value)

@@ -13,6 +13,7 @@ REFERENCE_LAYER = {"hidden": 576, "intermediate": 1536, "heads": 9, "kv_heads": 
 REFERENCE_WEIGHTS = 576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536 + 2 * 576
 SPEED_POSITIONS = (1, 8, 64)  # pass sizes it is timed at: one position, a speculative round, a prefill chunk
 CONVERSATIONS = 4  # the default --max-conversations: rows of the KV arena each member allocates (peers/kv.py)
+SESSION_IDLE_S = 600.0  # a member frees a conversation's row after this long without a pass (its host forgot it)
 
 
 def size(n: float) -> str:

@@ -63,6 +63,7 @@ class Chat:
     sid: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     tokens: list[int] = field(default_factory=list)
     dropped: int = 0  # oldest turns the last reply dropped to fit the context
+    reuse: bool = True  # False (--no-prefix-cache): every turn reads the whole conversation again
 
     def __post_init__(self):
         self.rs = self.host.new_session(self.sid)
@@ -82,7 +83,7 @@ class Chat:
                                    f", or start the host with a larger --max-context (up to {model_limit:,})") from None
             raise
         # keep the ring's caches for the part of the conversation that renders the same as what it holds
-        common = common_prefix(prompt, self.tokens)
+        common = common_prefix(prompt, self.tokens) if self.reuse else 0
         self.rs.set_position(min(self.rs.ring_len, common, len(prompt) - 1), len(prompt))
         self.tokens = prompt
         stream = TextStream(self.tokenizer)

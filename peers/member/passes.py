@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 import torch
 import trio
 
+from peers.base.limits import SESSION_IDLE_S
 from peers.compute import device, kv
 from peers.wire import tensors, schema as validate, codec as wire
 from peers.links.auth import AuthError, server_handshake
@@ -28,7 +29,6 @@ from peers.compute.runtime import RUNTIME, Pinned
 from peers.compute.shard import Shard
 
 log = logging.getLogger("sfchat.peer")
-SESSION_IDLE_S = 600.0
 READ_AHEAD = 64  # frames queued behind the one computing
 CANCELS_KEPT = 1024
 REWIRE_WAIT_S = 10.0  # how long a frame that came before any plan waits for one to begin

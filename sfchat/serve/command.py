@@ -23,11 +23,12 @@ def check_serve(opts: ServeOptions) -> None:
 
 
 async def start(nursery: trio.Nursery, ring: Ring, drafter, opts: RingOptions,
-                on_change=None) -> tuple[Conversations, str]:
-    """Serve the endpoint opts.serve in `nursery` (the host's own loop); returns its conversations and URL."""
+                on_change=None, reserved: int = 0) -> tuple[Conversations, str]:
+    """Serve the endpoint opts.serve in `nursery` (the host's own loop); returns its conversations and URL.
+    reserved: rows of every member's arena another conversation keeps (the TUI's chat)."""
     serve = opts.serve
     conv = Conversations(ring.host, ring.tokenizer, ring.eos, drafter, limit=serve.max_conversations,
-                         on_change=on_change, answer=opts.answer)
+                         on_change=on_change, answer=opts.answer, prefix_cache=opts.prefix_cache, reserved=reserved)
     binds = await nursery.start(lambda task_status: serve_api(
         conv, serve.listen, api_key=serve.api_key, insecure_no_key=serve.insecure_no_key,
         keepalive_s=serve.keep_alive_s, strict_model=serve.strict_model, task_status=task_status))
@@ -43,7 +44,7 @@ async def serving_beside(ring: Ring, drafter, opts: RingOptions, *, say=say, on_
     async with trio.open_nursery() as nursery:
         conv = None
         if opts.serve is not None:
-            conv, url = await start(nursery, ring, drafter, opts, on_change)
+            conv, url = await start(nursery, ring, drafter, opts, on_change, reserved=1)  # (the TUI's chat)
             say(f"serving {ring.host.source.name} at {url}/v1 (up to {conv.limit} conversations at once)")
         try:
             yield conv

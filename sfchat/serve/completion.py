@@ -52,9 +52,10 @@ class CompletionResponse:
                 self.metrics.answered(self.job, outcome, self.job.first_token, time.monotonic())
             items.send_nowait(("done", outcome))
 
-    def usage(self, completion_tokens: int) -> dict:
-        n = len(self.job.prompt)
-        return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
+    def usage(self, outcome) -> dict:
+        n, m = len(self.job.prompt), outcome.completion_tokens
+        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m,
+                "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens}}
 
     async def _send_events(self, send) -> None:
         s = self.stream
@@ -74,7 +75,7 @@ class CompletionResponse:
             elif kind == "done":
                 body = s.finish(value.finish, value.stats, value.tool_calls)
                 if s.include_usage:
-                    body += s.usage(self.usage(value.completion_tokens))
+                    body += s.usage(self.usage(value))
                 body += s.done
             else:
                 body = s.error(value.body())
@@ -93,7 +94,7 @@ class CompletionResponse:
                 continue
             if kind == "done":
                 status, body = 200, self.stream.whole("".join(parts), value.finish,
-                                                      self.usage(value.completion_tokens), value.stats, lps,
+                                                      self.usage(value), value.stats, lps,
                                                       value.tool_calls)
             else:
                 status, body = value.status, value.body()

@@ -1,6 +1,8 @@
 """Completions on the ring: each request is a conversation of its own (its caches on every member, its own
-drafter state), admitted first come, first served up to a limit; its caches are dropped on every member the
-moment it ends, finished or cancelled (a client that went away)."""
+drafter state), admitted first come, first served up to a limit. A finished answer's caches stay on every member
+as a warm row (peers/conversation/warm_rows.py): a request that resends the conversation (a chat's next turn, an
+agent's next call) takes the row sharing its longest prefix and the ring computes only the rest. A cancelled
+answer's (a client that went away) are dropped on every member at once."""
 from __future__ import annotations
 
 import logging
@@ -18,6 +20,7 @@ from peers import RingError
 from peers import generate
 from peers import SamplingParams
 from peers import Grammar, GrammarError, json_grammar, lark_grammar
+from peers import WarmRows
 
 from sfchat.options import AnswerOptions
 
@@ -48,11 +51,15 @@ class Outcome:
     completion_tokens: int
     stats: dict = field(default_factory=dict)
     tool_calls: list[dict] | None = None  # OpenAI's shape, arguments as JSON text
+    cached_tokens: int = 0  # prompt tokens the ring already held (a warm row's): usage.prompt_tokens_details
 
 
 class Conversations:
     def __init__(self, host, tokenizer, eos: set[int], drafter: Drafter, *, limit: int | None = None,
-                 replan_wait_s: float = 30.0, on_change=None, answer: AnswerOptions = AnswerOptions()):
+                 replan_wait_s: float = 30.0, on_change=None, answer: AnswerOptions = AnswerOptions(),
+                 prefix_cache: bool = True, reserved: int = 0):
+        """prefix_cache False (--no-prefix-cache): no warm rows, every request from scratch. reserved: arena rows
+        another conversation keeps (the TUI's chat beside `host --serve`), left out of the warm rows."""
         self.host, self.tokenizer, self.eos, self.drafter = host, tokenizer, eos, drafter
         self.answer = answer  # the server's sampling, for what a request leaves out
         self.policy = KPolicy()  # pass costs are the ring's, whichever conversation measured them
@@ -65,6 +72,8 @@ class Conversations:
         self.on_change = on_change or (lambda: None)
         self.context = min(context_limit(host.config), host.max_context)  # what the ring's caches were planned for
         self.tool_format = tool_format(tokenizer, host.source.name)  # said once in the log
+        # as many rows as every member's arena has besides the reserved ones: no member ever evicts a warm row
+        self.warm = WarmRows(host, drafter, max(host.conversations - reserved, 0) if prefix_cache else 0)
 
     def prepare(self, req: ChatRequest, text: str | None = None) -> Job:
         """Render and check the request before any answer starts (400 context_length_exceeded: no room left).
@@ -134,7 +143,7 @@ class Conversations:
                 for e in lps if e.token not in self.eos]
 
     def status(self) -> dict:
-        return {"in_flight": len(self.open), "waiting": self.waiting, "max": self.limit}
+        return {"in_flight": len(self.open), "waiting": self.waiting, "max": self.limit, "warm": self.warm.status()}
 
     async def run(self, job: Job, emit) -> Outcome:
         """Generate the answer, calling emit(text, logprobs) with each piece safe to send and the OpenAI logprobs
@@ -145,20 +154,23 @@ class Conversations:
             await self.admission.acquire()
         finally:
             self.waiting -= 1
-        sid = "api-" + uuid.uuid4().hex[:12]
-        rs = self.host.new_session(sid)
-        self.open[sid] = 0
+        tokens = list(job.prompt)  # (the answer's tokens are added as they are made)
+        taken = self.warm.take(tokens, job.request.cache_prompt)
+        rs, finished = taken.row.rs, False
+        self.open[rs.sid] = 0
         self.on_change()
         try:
-            return await self._generate(job, rs, emit)
+            outcome = await self._generate(job, rs, taken.row.drafter, tokens, emit)
+            outcome.cached_tokens, finished = taken.cached, True
+            return outcome
         finally:
-            del self.open[sid]
+            del self.open[rs.sid]
             self.admission.release()
             self.on_change()
-            with trio.CancelScope(shield=True):  # a cancelled answer frees its caches too
-                await self.host.drop(rs)
+            with trio.CancelScope(shield=True):  # a cancelled answer frees its caches on every member
+                await self.warm.give_back(taken.row, tokens, finished)
 
-    async def _generate(self, job: Job, rs, emit) -> Outcome:
+    async def _generate(self, job: Job, rs, drafter: Drafter, tokens: list[int], emit) -> Outcome:
         text, stops = TextStream(self.tokenizer), StopFilter(job.request.stop)
         # a call's text is held back from the first <tool_call>: it goes out as tool_calls if it parses; the
         # generic format's whole answer is JSON, read once it is complete
@@ -182,15 +194,12 @@ class Conversations:
         if job.grammar is not None:  # (the first one reads the tokenizer's vocabulary: a second, off the loop)
             job.params.grammar = await trio.to_thread.run_sync(Grammar, self.tokenizer, job.grammar,
                                                                self.host.config.vocab_size)
-        drafter = self.drafter.fork()  # (a static draft lends itself, graphs and all, to one answer at a time)
-        try:
-            result = await generate(self.host, rs, list(job.prompt), drafter=drafter, params=job.params,
+        try:  # (the row's drafter: a fork of the server's, its state following the row's tokens)
+            result = await generate(self.host, rs, tokens, drafter=drafter, params=job.params,
                                     policy=self.policy, max_new_tokens=job.max_new, eos=self.eos, on_round=on_round,
                                     should_stop=lambda: stops.hit)
         except RingError as e:
             raise ApiError(503, f"the ring failed: {e}", code="ring_failed") from None
-        finally:
-            drafter.close()
         # what the stream held back (a character half decoded when the answer ended) goes out as the full decode has it
         full = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         tail = calls.push(full[len(text.text):])

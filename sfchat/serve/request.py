@@ -29,6 +29,7 @@ class ChatRequest:
     top_logprobs: int | None = None  # None: no logprobs; n (0..20): each token's and the n likeliest there
     json_schema: dict | None = None  # response_format: the schema the answer's JSON follows (None: free text)
     tools: tool_calls.Tools | None = None  # the functions the model may call, and tool_choice
+    cache_prompt: bool = True  # False: computed from scratch, no warm row's prefix reused (llama-server's field)
 
 
 def bad(message: str, param: str | None = None) -> ApiError:
@@ -180,8 +181,10 @@ def parse_fields(body: dict, messages: list[dict]) -> ChatRequest:
     max_tokens = _int(body, param, 1)
     seed = _int(body, "seed", -(2**63))
     top_logprobs = _logprobs(body)
+    if not isinstance(cache_prompt := body.get("cache_prompt", True), bool):
+        raise bad("'cache_prompt' must be a boolean", "cache_prompt")
     return ChatRequest(model=body["model"], messages=messages, stream=stream,
                        include_usage=bool(options.get("include_usage")), max_tokens=max_tokens, max_tokens_param=param,
                        temperature=_number(body, "temperature", 0, 2, None), top_p=_number(body, "top_p", 0, 1, None),
                        seed=None if seed is None else seed % 2**31, stop=_stop(body), top_logprobs=top_logprobs,
-                       json_schema=_response_format(body), tools=tool_calls.parse(body))
+                       json_schema=_response_format(body), tools=tool_calls.parse(body), cache_prompt=cache_prompt)

@@ -176,7 +176,7 @@ class Engine(Worker):
             self._say(f"starting {opts.local_peers} local peer(s)…")
         async with open_ring(opts, host=host, announce=False, stay=True) as ring:
             self.ring = ring
-            self.chat = Chat(host, ring.tokenizer, ring.eos, messages=self._first_messages)
+            self.chat = Chat(host, ring.tokenizer, ring.eos, messages=self._first_messages, reuse=opts.prefix_cache)
             self.policy = KPolicy()
             self.drafter, self.draft_spec = None, object()
             await self._use_drafter(opts.answer.draft)
@@ -195,7 +195,8 @@ class Engine(Worker):
                         await self._check_draft(payload[0])
                     elif kind == "load":
                         await host.drop(self.chat.rs)
-                        self.chat = Chat(host, ring.tokenizer, ring.eos, messages=payload[0])
+                        self.chat = Chat(host, ring.tokenizer, ring.eos, messages=payload[0],
+                                         reuse=opts.prefix_cache)
 
     async def _use_drafter(self, spec: str | None) -> None:
         if spec != self.draft_spec:

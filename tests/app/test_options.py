@@ -33,6 +33,12 @@ def test_each_command_gets_its_own_defaults():
         ("h:1", "t", "ab" * 32, "peer", True)  # the fingerprint as the invite prints it, whatever its case or colons
 
 
+def test_no_prefix_cache_reaches_serve_and_host():
+    assert ring_options(parser().parse_args(["serve"])).prefix_cache
+    for cmd in (["serve"], ["host", "--serve"], ["host"]):
+        assert not ring_options(parser().parse_args([*cmd, "--no-prefix-cache"]), settings.Settings()).prefix_cache
+
+
 def test_options_are_frozen_and_a_change_is_a_new_object():
     opts = ring_options(parser().parse_args(["host"]), settings.Settings())
     with pytest.raises(dataclasses.FrozenInstanceError):
