@@ -75,7 +75,8 @@ class LocalPeers:
         env = child_env() | {"SFCHAT_TOKEN": token}  # not in argv: any user of the machine reads that in `ps`
         for i in range(n):
             cmd = [*SFCHAT, "join", host_addr, "--headless",
-                   "--name", local_name(i), "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant]
+                   "--name", local_name(i), "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant,
+                   "--give-up-after", "0"]  # (its host is its parent: nothing to wait for once it has gone)
             if not graphs:
                 cmd.append("--no-graphs")
             if model:
