@@ -76,7 +76,7 @@ class LocalPeers:
         for i in range(n):
             cmd = [*SFCHAT, "join", host_addr, "--headless",
                    "--name", local_name(i), "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant,
-                   "--give-up-after", "0"]  # (its host is its parent: nothing to wait for once it has gone)
+                   "--give-up-after", "10s"]  # cut off by its host, it joins again at once, its layers kept
             if not graphs:
                 cmd.append("--no-graphs")
             if model:
