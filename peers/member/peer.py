@@ -58,6 +58,7 @@ class PeerState:
 class Peer:
     def __init__(self, opts: PeerOptions, *, on_change=None):
         self.host_addr, self.token, self.model_spec = opts.address, opts.token, opts.model
+        self.opts = opts
         self.listen, self.advertise, self.quant = opts.listen, opts.advertise, opts.quant
         self.device = opts.device or default_device()
         self.quant_now = opts.quant  # what its layers hold: `auto` follows the host's at each assignment
@@ -96,7 +97,8 @@ class Peer:
             self.nursery = nursery
             got = await nursery.start(partial(links.serve, self.data.serve, self.listen, self.relay,
                                               links.member_endpoint(self.host_addr, self.name), default_host="0.0.0.0"))
-            my_port, self.advertise = got.port, self.advertise or got.relay_address or None
+            # (the flag, else this run's relay endpoint: a run after a lost host registers a new one)
+            my_port, self.advertise = got.port, self.opts.advertise or got.relay_address or None
             # the link first, so a wrong address or --tls is said at once; then its speed, before the handshake
             # (the host waits for an offer only so long after a hello)
             stream = await TLSEndpoint.dial(await links.dial(self.host_addr), self.tls_pin)

@@ -242,23 +242,27 @@ def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_pa
 
 @pytest.mark.parametrize("wait", [True, False])
 def test_a_joiner_waits_for_its_host_to_come_back(tiny_llama, wait, tmp_path):
-    """By default a joiner whose host closes the ring waits, joins the host's next start, and waits again; with
-    --give-up-after 0 it exits 0 and says so."""
+    """By default a joiner whose host closes the ring waits, joins the host's next start with its layers kept (read
+    once: the same span, as each offers the same), and waits again; with --give-up-after 0 it exits 0 and says
+    so."""
     import trio
 
     port, procs, log = free_port(), [], tmp_path / "join.log"
 
     async def main():
         for attempt in range(2 if wait else 1):
-            async with running_ring(tiny_llama, 0, listen=f"127.0.0.1:{port}", token="tok-from-env") as (host, _):
+            async with running_ring(tiny_llama, 0, listen=f"127.0.0.1:{port}", token="tok-from-env",
+                                    offer_gb=1.0) as (host, _):
                 if not procs:
                     with open(log, "w") as err:
                         procs.append(subprocess.Popen(
                             [sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--model",
-                             str(tiny_llama), "--headless", "--listen", "127.0.0.1:0",
+                             str(tiny_llama), "--headless", "--listen", "127.0.0.1:0", "--offer-gb", "1",
                              *([] if wait else ["--give-up-after", "0"])],
                             stderr=err, cwd=ROOT, env=child_env(SFCHAT_TOKEN="tok-from-env")))
                 await host.wait_members(1, timeout=120)
+                await host.replan()  # it holds its layers under this host's plan
+                assert [m.state for m in host.members] == ["ready"]
 
     try:
         trio.run(main)
@@ -275,8 +279,18 @@ def test_a_joiner_waits_for_its_host_to_come_back(tiny_llama, wait, tmp_path):
             p.wait()
     if wait:
         assert err.count("the host closed the ring; waiting for it to come back, layers kept") == 2, err
+        assert err.count("loaded layers") == 1, err  # its second host found them loaded
     else:
         assert joiner.returncode == 0 and err.strip().endswith("sfchat join: the host closed the ring"), err
+
+
+def test_a_joiner_gives_up_after_the_time_it_was_given():
+    import trio
+
+    from sfchat.join import GaveUp, wait_for
+
+    with pytest.raises(GaveUp, match="did not come back within 1 s"):
+        trio.run(wait_for, f"127.0.0.1:{free_port()}", 1.0)  # nothing listens there
 
 
 def test_a_stay_joiner_stopped_past_the_heartbeat_limit_joins_again(tiny_llama, tmp_path):
