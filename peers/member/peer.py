@@ -103,11 +103,11 @@ class Peer:
             # (the host waits for an offer only so long after a hello)
             stream = await TLSEndpoint.dial(await links.dial(self.host_addr), self.tls_pin)
             ms = await trio.to_thread.run_sync(speed.measure, self.device, self.dtype, self.quant, self.name)
-            # no verdict on silence here: a host paused or busy is waited for as long as its connection holds (the
-            # kernel's keepalive, peers/links/channel.py, ends it when the host's machine is gone)
-            self.ctl = ctl = Channel(stream, "host", read_timeout=None)
-            self.host_heard = time.monotonic()
+            self.ctl = ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # (for the handshake)
             await client_handshake(ctl, self.token, "join", name=self.name)
+            # from here no verdict on silence: a host paused or busy is waited for as long as its connection holds
+            # (the kernel's keepalive, peers/links/channel.py, ends it when the host's machine is gone)
+            ctl.read_timeout = None
             offer = self.offer_gb * 2**30 if self.offer_gb is not None else free_bytes(self.device)
             await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
                             "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant,
