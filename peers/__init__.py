@@ -35,7 +35,7 @@ FACE = {
     "parse_simulated": "peers.speculation.drafting.simulated", "simulated_name": "peers.speculation.drafting.simulated",
     # links: addresses, pins, the relay and its shaping, what a failed link raises
     "parse_addr": "peers.links.channel", "ChannelClosed": "peers.links.channel", "dial": "peers.links.dial",
-    "check_pin": "peers.links.tls", "AuthError": "peers.links.auth",
+    "check_pin": "peers.links.tls", "AuthError": "peers.links.auth", "new_token": "peers.links.auth",
     "Relay": "peers.links.relay", "Shaping": "peers.links.shaping",
     # what goes wrong, in one line each; where sfchat keeps its files
     **{name: "peers.base.errors" for name in ("ModelError", "RingError", "MemberLeft", "FitError", "CannotServe")},

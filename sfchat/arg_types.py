@@ -58,3 +58,16 @@ def in_flight_list(text: str) -> list[int | None]:
     if not values:
         raise argparse.ArgumentTypeError("needs at least one value: auto or a whole number of 1 or more")
     return list(dict.fromkeys(values))  # each once, in the order given
+
+
+def duration(text: str) -> float:
+    """Seconds, from `90`, `90s`, `5m` or `1h`."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1)
+    try:
+        x = float(number) * unit
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (90, 90s, 5m or 1h)") from None
+    if not (math.isfinite(x) and x >= 0):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return x

@@ -13,7 +13,7 @@ import trio
 from peers import models
 
 from . import __version__
-from .arg_types import at_least, gigabytes, in_range
+from .arg_types import at_least, duration, gigabytes, in_range
 from .tree_args import in_flight_arg, tree_args
 from .local import die_with_parent
 from .pinning import pin_from_env
@@ -167,7 +167,9 @@ def parser() -> argparse.ArgumentParser:
                    help="where the ring accepts members (0.0.0.0 for a LAN); --serve sets the endpoint's")
     p.add_argument("--advertise", metavar="HOST[:PORT]", help="the address the invite names (default: the listen "
                    "address, or for 0.0.0.0 this machine's outward address)")
-    p.add_argument("--token", help="join token (default: a random one)")
+    p.add_argument("--token", help="join token (default: the one kept from the last start, made on the first)")
+    p.add_argument("--new-token", action="store_true", help="make a new join token and TLS certificate (every "
+                   "invite printed before stops working)")
     p.add_argument("--headless", action="store_true", help="a plain prompt loop instead of the TUI")
     p.add_argument("--relay", metavar="HOST:PORT", help="also be reachable through this relay (the invite uses it)")
     p.add_argument("--tls", action="store_true", help="encrypt every ring link (self-signed, pinned by the invite)")
@@ -192,7 +194,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", dest="old_listen", metavar="HOST:PORT", help=argparse.SUPPRESS)
     p.add_argument("--advertise", metavar="HOST[:PORT]", help="the address the invite names (default: the ring "
                    "listen address, or for 0.0.0.0 this machine's outward address)")
-    p.add_argument("--token", help="join token (default: a random one)")
+    p.add_argument("--token", help="join token (default: the one kept from the last start, made on the first)")
+    p.add_argument("--new-token", action="store_true", help="make a new join token and TLS certificate (every "
+                   "invite printed before stops working)")
     p.add_argument("--wait-peers", type=at_least(0), default=0, metavar="N", help="wait for N joiners before serving")
     p.add_argument("--relay", metavar="HOST:PORT", help="also be reachable through this relay (the invite uses it)")
     p.add_argument("--tls", action="store_true", help="encrypt every ring link (self-signed, pinned by the invite)")
@@ -223,9 +227,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--relay", metavar="HOST:PORT", help="be reachable through this relay (implied by a relay:// address)")
     p.add_argument("--tls", metavar="FINGERPRINT", help="the host's certificate fingerprint (from a --tls invite)")
     p.add_argument("--headless", action="store_true", help="a plain log instead of the peer screen")
-    p.add_argument("--stay", action="store_true", help="when the host closes the ring, wait for it and join "
-                   "again; when this machine cannot take its layers (the model cannot be fetched or loaded here, "
-                   "or does not fit), join again after --retry-s (default: exit, non-zero in that case)")
+    p.add_argument("--give-up-after", type=duration, metavar="DURATION", help="when the host goes away (closes "
+                   "the ring, dies, restarts), wait at most this long for it (90, 90s, 5m, 1h; 0: exit at once); "
+                   "default: wait, trying again with backoff up to every 30 s, until Ctrl+C")
+    p.add_argument("--stay", action="store_true", help="when this machine cannot take its layers (the model "
+                   "cannot be fetched or loaded here, or does not fit), join again after --retry-s (default: exit, "
+                   "non-zero); waiting for the host is the default without it")
     p.add_argument("--retry-s", type=float, default=30.0, help="with --stay: seconds before joining again after "
                    "failing to take its layers (default: %(default)s)")
 

@@ -75,7 +75,8 @@ class LocalPeers:
         env = child_env() | {"SFCHAT_TOKEN": token}  # not in argv: any user of the machine reads that in `ps`
         for i in range(n):
             cmd = [*SFCHAT, "join", host_addr, "--headless",
-                   "--name", local_name(i), "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant]
+                   "--name", local_name(i), "--listen", "127.0.0.1:0", "--dtype", dtype, "--quant", quant,
+                   "--give-up-after", "10s"]  # cut off by its host, it joins again at once, its layers kept
             if not graphs:
                 cmd.append("--no-graphs")
             if model:

@@ -81,8 +81,9 @@ class JoinOptions:
     """`sfchat join`: the engine's peer, and whether to wait for the host to come back."""
 
     peer: PeerOptions
-    stay: bool = False
+    stay: bool = False  # a member that cannot take its layers joins again after retry_s (else it exits)
     retry_s: float = 30.0  # with --stay: how long a member that cannot serve waits before it joins again
+    give_up_after: float | None = None  # how long to wait for a host that went away; None: until Ctrl+C
 
 
 def default_temperature(model: str | None) -> float:
@@ -119,7 +120,11 @@ def local_ring(a: dict) -> tuple[str, ...]:
 def ring_options(args, s: Settings | None = None) -> RingOptions:
     """ask, host and serve share most flags; each lacks some, whose defaults are these."""
     a = vars(args)
-    host = HostOptions(model=a.get("model") or (s.model if s else None) or None, token=a.get("token"),
+    token = a.get("token")
+    if not token and "new_token" in a:  # host and serve: the token kept from the last start (sfchat/identity.py)
+        from .identity import host_token
+        token = host_token(new=bool(a["new_token"]))
+    host = HostOptions(model=a.get("model") or (s.model if s else None) or None, token=token,
                        listen=a.get("listen") or "127.0.0.1:0", device=a.get("device"),
                        dtype=a.get("dtype", "auto"), quant=a.get("quant", "auto"), tls=bool(a.get("tls")),
                        relay=a.get("relay"), max_context=a.get("max_context"), graphs=not a.get("no_graphs"),
@@ -142,4 +147,4 @@ def join_options(args) -> JoinOptions:
                        name=args.name, relay=args.relay, tls_pin=args.tls and check_pin(args.tls),
                        graphs=not args.no_graphs, key=os.environ.get(KEY_ENV) or secrets.token_hex(8),
                        threads=args.threads)
-    return JoinOptions(peer, stay=args.stay, retry_s=args.retry_s)
+    return JoinOptions(peer, stay=args.stay, retry_s=args.retry_s, give_up_after=args.give_up_after)

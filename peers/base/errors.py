@@ -25,8 +25,13 @@ class FitError(RingError):
 
 class CannotServe(RingError):
     """A member cannot take the span it was given (the model cannot be fetched or loaded, or does not fit): it
-    tells the host, which plans without it, and `sfchat join` exits with this line (or retries, with --stay)."""
+    tells the host, which plans without it, and `sfchat join` exits with this line (or retries, with --stay).
+    `other_model`: the host runs another model or revision, which no waiting fixes."""
 
-    def __init__(self, message: str, *, oom: bool = False):
+    def __init__(self, message: str, *, oom: bool = False, other_model: bool = False):
         super().__init__(message)
-        self.oom = oom
+        self.oom, self.other_model = oom, other_model
+
+
+class OtherModel(ModelError):
+    """This member's model (or revision) is not the host's."""

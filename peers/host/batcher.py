@@ -24,6 +24,12 @@ MAX_BATCH = 16  # rounds in one pass (sfchat serve's --max-conversations bounds 
 MAX_GATHER_S = 0.05
 
 
+class Replay(Exception):
+    """(a round's error) A re-plan came between its submission and its batch: its conversation replays, in chunks
+    that take turns with the other conversations' rounds (peers/host/turns.py), so not inside a batch, which
+    holds the ring's one pass in flight on a machine of shared cores."""
+
+
 @dataclass
 class Round:
     """One conversation's pass, as Host.forward was asked for it, and what came of it."""

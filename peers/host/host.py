@@ -40,6 +40,7 @@ from peers.base.dtypes import DTYPES
 from peers.links.tls import Endpoint as TLSEndpoint
 from peers.host.turns import Turns
 from peers.host.rounds import PassEngine
+from peers.base.stalls import STALLS
 
 log = logging.getLogger("sfchat.host")
 __all__ = ["Host", "Member", "RingError", "RingSession"]
@@ -226,6 +227,7 @@ class Host(PassEngine):
                     await self.replan()  # the host alone, until members join
             except FitError as e:  # members may yet join; a host that stays alone is told at its next plan
                 log.info("the host alone cannot hold the model: %s", e)
+            nursery.start_soon(STALLS.run)  # this process's own stalls: excused silence, and a warning naming them
             nursery.start_soon(self.roster.heartbeat)
             nursery.start_soon(self.batcher.run)
             task_status.started(self.port)

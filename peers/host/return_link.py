@@ -16,6 +16,7 @@ from peers.wire import schema as validate, codec as wire
 from peers.links.channel import Channel, ChannelClosed
 from peers.links.liveness import watched
 from peers.base.errors import MemberLeft, RingError
+from peers.base.stalls import STALLS
 
 
 class ReturnLink:
@@ -111,13 +112,14 @@ class ReturnLink:
 
     async def _await_reply(self, recv: trio.MemoryReceiveChannel, timeout: float, epoch: int, seq: int) -> dict:
         """The pass's result, or RingError as soon as a ring member is declared lost or a link of its plan broke.
-        The timeout is only a backstop, and it runs from the last pong of a member computing this very frame: a
-        long prefill on a slow CPU is progress, not a failure."""
+        The timeout is only a backstop for a frame lost without a word, and it runs from the last sign of progress:
+        a pong of a member computing a frame (a long prefill on a slow CPU, or the frames queued before this one),
+        or this process's own stall (a host paused or blocked did not read the reply meanwhile)."""
         deadline = trio.current_time() + timeout
-        while trio.current_time() < deadline:
+        while trio.current_time() < deadline or STALLS.within(timeout):
             with trio.move_on_after(0.1):
                 return await recv.receive()
-            if any(m.computing == seq for m in self.host.ring):
+            if STALLS.within(timeout) or any(m.computing is not None for m in self.host.ring):
                 deadline = max(deadline, trio.current_time() + timeout)
             if (fault := self._fault(epoch)) is not None:
                 raise fault
@@ -125,4 +127,9 @@ class ReturnLink:
 
 
 def pass_timeout(n_tokens: int) -> float:
-    return 60.0 + n_tokens * 0.5
+    """Seconds without progress before a pass counts as lost: shorter than a user waits without noticing much,
+    far longer than any hop of a live ring takes (members report the frame they compute at every pong)."""
+    return PASS_TIMEOUT_S + n_tokens * 0.03  # (a position of a 7B model in bfloat16 is 7 KB: 2 Mbit/s)
+
+
+PASS_TIMEOUT_S = 8.0

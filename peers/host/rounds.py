@@ -16,7 +16,7 @@ import trio
 from peers.base.dtypes import DTYPES
 from peers.base.errors import MemberLeft, RingError
 from peers.compute import device
-from peers.host.batcher import Round
+from peers.host.batcher import Replay, Round
 from peers.host.session import RingSession
 from peers.host.turns import SHARED_CHUNK
 from peers.links.channel import ChannelClosed
@@ -53,7 +53,10 @@ class PassEngine:
         (the rollback rule), so a failed or repeated pass is harmless. `parents`: the drafts form a tree
         (peers/speculation/tree.py), not a chain. Returns (logits [K+1, vocab], timing)."""
         if self._one_frame(s, tokens, drafts):  # a round: it goes round with the other conversations' rounds
-            return await self.batcher.submit(Round(s, tokens, drafts, parents, sent))
+            try:
+                return await self.batcher.submit(Round(s, tokens, drafts, parents, sent))
+            except Replay:  # a re-plan came while it waited: now a replay, in chunks of its own
+                pass
         async with self.planner.gate.share():  # other conversations' passes may be in flight too; no re-plan
             self._check(s)
             return await self._long(s, tokens, drafts, sent, parents)
@@ -108,8 +111,8 @@ class PassEngine:
                         ready.append(r)
                     elif self._one_frame(r.s, r.tokens, r.drafts):
                         ready.append(r)
-                    else:  # a replay after a re-plan: in chunks
-                        r.result = await self._long(r.s, r.tokens, r.drafts, r.sent, r.parents)
+                    else:  # a re-plan came while it waited: a replay now, which goes in chunks outside the batch
+                        r.error = Replay()  # (inside, its chunks would wait for turns the batch itself holds up)
                 except RingError as e:
                     r.error = e
             room = self._frame_positions()

@@ -20,6 +20,7 @@ class Turns:
         self.passes: dict[str, int] = {}  # answering conversation -> passes (and chunks) it has had so far
         self.yielding: set[str] = set()  # conversations waiting between two chunks for the others
         self._changed = trio.Event()
+        self.waited_out = 0  # waits that ran their whole WAIT_AT_MOST_S (a conversation that never came: a stall)
 
     @contextmanager
     def answering(self, sid: str):
@@ -49,11 +50,12 @@ class Turns:
         self.yielding.add(sid)
         self._notify()
         try:
-            with trio.move_on_after(WAIT_AT_MOST_S):
+            with trio.move_on_after(WAIT_AT_MOST_S) as scope:
                 while not stop() and any(self.passes.get(k, due) < due and k not in self.yielding
                                          for k, due in owed.items()):
                     with trio.move_on_after(0.1):  # stop() is polled: a re-plan does not notify us
                         await self._changed.wait()
+            self.waited_out += scope.cancelled_caught
         finally:
             self.yielding.discard(sid)
 

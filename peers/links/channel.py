@@ -6,9 +6,12 @@ from __future__ import annotations
 import math
 import os
 import socket
+import time
+from collections import deque
 
 import trio
 
+from peers.base.stalls import STALLS
 from peers.wire import codec as wire
 
 SMALL = 64 * 1024  # raw bytes up to this go out in the same send as their header
@@ -25,6 +28,34 @@ USER_TIMEOUT_S = 10.0
 # shorten it (SFCHAT_LINK_IDLE_S) to show exactly that.
 def idle_s() -> float:
     return float(os.environ.get("SFCHAT_LINK_IDLE_S") or 3600)
+
+
+MAX_STRETCH = 2.0
+
+
+class Arrivals:
+    """The gaps between arrivals on a link kept alive (peers/links/liveness.py), as phi-accrual failure detectors
+    (Cassandra, Akka) keep them: silence becomes death once it is improbable given those gaps, never before a
+    floor. A link whose other end is loaded, and so sends late, gets a longer limit; a quiet one keeps the floor."""
+
+    def __init__(self):
+        self.last = time.monotonic()
+        self.gaps: deque[float] = deque(maxlen=64)
+
+    def heard(self) -> None:
+        now = time.monotonic()
+        if not STALLS.within(now - self.last, now):  # (a gap across our own stall says nothing of the link)
+            self.gaps.append(now - self.last)
+        self.last = now
+
+    def limit(self, floor: float) -> float:
+        """floor, or the mean gap plus 8 standard deviations where that is longer (phi ~ 15 under a normal law),
+        at most MAX_STRETCH times the floor (a cut link is still found in seconds)."""
+        if len(self.gaps) < 8:
+            return floor
+        mean = sum(self.gaps) / len(self.gaps)
+        sd = (sum((g - mean) ** 2 for g in self.gaps) / len(self.gaps)) ** 0.5
+        return min(max(floor, mean + 8 * sd), MAX_STRETCH * floor)
 
 
 class ChannelClosed(Exception):
@@ -47,6 +78,8 @@ class Channel:
         self.last_sent = 0.0  # trio's clock (peers/links/liveness.py: a data link's writer keeps it alive)
         self.kept_alive = False  # a keepalive came on it: a ring member's link, not merely someone with the token
         self.closed = False
+        self.arrivals = Arrivals()  # between_bytes: the gaps between what came, for the silence that means death
+        self.excused = lambda: False  # between_bytes: True while this side's silence is not the link's fault
         tune(stream)
 
     async def send(self, msg: dict, timeout: float | None = None) -> None:
@@ -77,27 +110,36 @@ class Channel:
         check the message and raise WireError); else a new bytearray. It reads no further than the end of that
         frame, so a stream handed on after a message (a relay's "connected") keeps every byte that follows."""
         limit = self.read_timeout if timeout is None else timeout
-        limit = math.inf if limit is None else limit
+        floor = limit = math.inf if limit is None else limit
         dec = self.decoder
         dec.into = into
-        with trio.move_on_after(limit) as scope:
-            while True:
-                if self.between_bytes:
-                    scope.deadline = trio.current_time() + limit
-                try:
-                    if (place := dec.landing()) is not None:
-                        n = await self._receive_into(place)
-                        msgs = [] if (msg := dec.landed(n)) is None else [msg]
-                    else:
-                        chunk = await self.stream.receive_some(min(dec.needed(), 1 << 20))
-                        n, msgs = len(chunk), dec.feed(chunk) if chunk else []
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-                    raise ChannelClosed(f"{self.name}: {e}") from None
-                if not n:
-                    raise ChannelClosed(f"{self.name}: connection closed")
-                if msgs:
-                    return msgs[0]
-        raise ChannelIdle(f"{self.name}: no message within {limit:.0f} s")
+        while True:
+            if self.between_bytes:
+                limit = self.arrivals.limit(floor)
+            with trio.move_on_after(limit) as scope:
+                while True:
+                    if self.between_bytes:
+                        scope.deadline = trio.current_time() + limit
+                    try:
+                        if (place := dec.landing()) is not None:
+                            n = await self._receive_into(place)
+                            msgs = [] if (msg := dec.landed(n)) is None else [msg]
+                        else:
+                            chunk = await self.stream.receive_some(min(dec.needed(), 1 << 20))
+                            n, msgs = len(chunk), dec.feed(chunk) if chunk else []
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                        raise ChannelClosed(f"{self.name}: {e}") from None
+                    if not n:
+                        raise ChannelClosed(f"{self.name}: connection closed")
+                    if self.between_bytes:
+                        self.arrivals.heard()
+                    if msgs:
+                        return msgs[0]
+            # silence past the limit: the other side's, unless this process was itself not running meanwhile, or
+            # the one who would speak here is silent everywhere (`excused`: a host paused, not a link cut)
+            if not self.between_bytes or not (STALLS.within(limit) or self.excused()):
+                raise ChannelIdle(f"{self.name}: no message within {limit:.1f} s")
+            self.arrivals.last = time.monotonic()  # a fresh grace period (the gap is no measure of the link)
 
     async def _receive_into(self, place: memoryview) -> int:
         if isinstance(self.stream, trio.SocketStream):

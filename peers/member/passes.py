@@ -70,6 +70,7 @@ class DataPlane:
             hello = await server_handshake(ch, self.peer.token)
             epoch = hello.get("epoch") if isinstance(hello.get("epoch"), int) else None
             watched(ch)  # its writer keeps it alive: silence means a dead link, FIN or not
+            ch.excused = self.peer.host_silent  # unless the host is silent everywhere: paused or busy, not cut off
             queued, frames = trio.open_memory_channel(READ_AHEAD)
             error = None
             async with trio.open_nursery() as nursery:

@@ -20,20 +20,22 @@ from peers.links.auth import AuthError, client_handshake
 from peers.links.liveness import keep_alive
 from peers.links.channel import Channel, ChannelClosed
 from peers.links.control import ControlLink
-from peers.base.errors import CannotServe, ModelError
+from peers.base.errors import CannotServe, ModelError, OtherModel
 from peers.compute.cpu_quant import follow
 from peers.compute.memory import default_device, free_bytes, give_back, injected_failure, is_oom, oom_line, pick_dtype, rss_bytes, usage
 from peers.base.options import PeerOptions
 from peers.member.passes import DataPlane
 from peers.base.limits import CONVERSATIONS
 from peers.base.span import Span
+from peers.base.stalls import STALLS
 from peers.compute.loading import Kept
 from peers.compute.shard import Shard
 from peers.links.tls import Endpoint as TLSEndpoint
 from peers.models.fingerprint import config_fingerprint
 
 log = logging.getLogger("sfchat.peer")
-HOST_SILENT_S = 15.0  # no ping from the host for this long: it is gone
+HOST_SILENT_S = 15.0  # no ping from the host for this long: said once (it is waited for while its link holds)
+PING_S = 0.5  # the host pings every member this often (peers/base/options.py: heartbeat_s)
 
 
 @dataclass
@@ -56,6 +58,7 @@ class PeerState:
 class Peer:
     def __init__(self, opts: PeerOptions, *, on_change=None):
         self.host_addr, self.token, self.model_spec = opts.address, opts.token, opts.model
+        self.opts = opts
         self.listen, self.advertise, self.quant = opts.listen, opts.advertise, opts.quant
         self.device = opts.device or default_device()
         self.quant_now = opts.quant  # what its layers hold: `auto` follows the host's at each assignment
@@ -76,6 +79,7 @@ class Peer:
         self.member_id = 0  # the host's number for it (in each assignment)
         self.cannot_serve: CannotServe | None = None  # why it left: its span cannot be had here
         self.ctl: Channel | None = None  # the control link to the host, once joined
+        self.host_heard = time.monotonic()  # the host's last ping
         self.nursery = None  # run()'s: the watchers of its next hop live there
         self.on_change = on_change or (lambda st: None)
         self.bars = on_change is None  # download bars on the terminal, unless the peer screen shows progress
@@ -86,17 +90,24 @@ class Peer:
         self.on_change(self.st)
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Join the host and serve until the control link ends. Run again (sfchat join waits for its host), the
+        same member keeps its layers: the host's plan finds them here and nothing is read again."""
+        self.data, self.epoch, self.joined, self.cannot_serve = DataPlane(self), -1, False, None
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             got = await nursery.start(partial(links.serve, self.data.serve, self.listen, self.relay,
                                               links.member_endpoint(self.host_addr, self.name), default_host="0.0.0.0"))
-            my_port, self.advertise = got.port, self.advertise or got.relay_address or None
+            # (the flag, else this run's relay endpoint: a run after a lost host registers a new one)
+            my_port, self.advertise = got.port, self.opts.advertise or got.relay_address or None
             # the link first, so a wrong address or --tls is said at once; then its speed, before the handshake
             # (the host waits for an offer only so long after a hello)
             stream = await TLSEndpoint.dial(await links.dial(self.host_addr), self.tls_pin)
             ms = await trio.to_thread.run_sync(speed.measure, self.device, self.dtype, self.quant, self.name)
-            self.ctl = ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # the host pings every second
+            self.ctl = ctl = Channel(stream, "host", read_timeout=HOST_SILENT_S)  # (for the handshake)
             await client_handshake(ctl, self.token, "join", name=self.name)
+            # from here no verdict on silence: a host paused or busy is waited for as long as its connection holds
+            # (the kernel's keepalive, peers/links/channel.py, ends it when the host's machine is gone)
+            ctl.read_timeout = None
             offer = self.offer_gb * 2**30 if self.offer_gb is not None else free_bytes(self.device)
             await ctl.send({"t": "offer", "device": self.device, "free_bytes": int(offer), "data_port": my_port,
                             "advertise": self.advertise or "", "dtype": self.dtype, "quant": self.quant,
@@ -104,8 +115,11 @@ class Peer:
                             "compute": device.compute_id(self.device), "key": self.key,
                             "ms_per_layer": ms})
             log.info("joined %s as %s; data port %d", self.host_addr, self.name, my_port)
+            self.joined, self.host_heard = True, time.monotonic()
             self._changed(state="joined")
             task_status.started(my_port)
+            nursery.start_soon(STALLS.run)  # this process's own stalls: excused silence, and a warning naming them
+            nursery.start_soon(self._host_silence)
             try:
                 await self._control(ctl, nursery)
             except ChannelClosed:
@@ -115,6 +129,25 @@ class Peer:
                 nursery.cancel_scope.cancel()
         if self.cannot_serve is not None:
             raise self.cannot_serve
+
+    def host_silent(self) -> bool:
+        """Whether the host has not pinged for a while: then a data link's silence is the host's (paused, busy),
+        not the link's (peers/member/passes.py)."""
+        return time.monotonic() - self.host_heard > 4 * PING_S
+
+    async def _host_silence(self) -> None:
+        """Say once when the host goes silent for HOST_SILENT_S, and once when it is heard again."""
+        said = False
+        while True:
+            await trio.sleep(1)
+            silent = time.monotonic() - self.host_heard
+            if silent > HOST_SILENT_S and not said:
+                log.warning("the host has said nothing for %.0f s (paused or busy?): waiting for it, layers kept", silent)
+                self._changed(state="waiting for the host")
+            elif said and silent < HOST_SILENT_S:
+                log.warning("the host is back")
+                self._changed(state="ready" if self.shard is not None else "joined")
+            said = silent > HOST_SILENT_S
 
     async def link_down(self, epoch: int | None, hop: str, error: str) -> None:
         """Tell the host a data link of plan `epoch` broke here, so it re-wires now rather than at a pass timeout."""
@@ -137,6 +170,7 @@ class Peer:
 
     async def _control(self, ctl: Channel, nursery) -> None:
         async def ping(msg: dict) -> None:  # answered from trio while a pass computes in its thread
+            self.host_heard = time.monotonic()
             busy = self.data.computing
             await ctl.send({"t": "pong", "n": msg.get("n"), "sessions": len(self.data.sessions),
                             **({"computing": busy[0], "computing_s": time.monotonic() - busy[1]} if busy else {}),
@@ -211,7 +245,7 @@ class Peer:
                     raise CannotServe(oom_line(f"member {self.member_id} ({self.name})", self.device,
                                                f"loading layers {span}"), oom=True) from None
                 if isinstance(e, ModelError):
-                    raise CannotServe(str(e)) from None
+                    raise CannotServe(str(e), other_model=isinstance(e, OtherModel)) from None
                 log.exception("loading layers %s failed", span)
                 raise CannotServe(f"cannot load layers {span} of {spec}: {type(e).__name__}: {e}") from None
             self.data.sessions.clear()  # a new plan invalidates every cache; the host replays committed tokens
@@ -241,7 +275,7 @@ class Peer:
         else:
             theirs = msg.get("config_fingerprint")
         if mine != theirs:
-            raise ModelError(f"this peer's model ({spec}) is not the host's: its weights for layers {span} "
+            raise OtherModel(f"this peer's model ({spec}) is not the host's: its weights for layers {span} "
                                     f"differ ({mine[:12]} here, {str(theirs)[:12]} at the host); pass the same --model")
         room = (msg.get("max_context") if isinstance(msg.get("max_context"), int) else None,
                 max(1, int(msg.get("conversations") or CONVERSATIONS)))  # the KV arena the plan counted

@@ -19,6 +19,7 @@ from peers.wire import schema as validate, codec as wire
 from peers.links.channel import Channel, ChannelClosed, peername
 from peers.links.control import ControlLink
 from peers.base.span import Span
+from peers.base.stalls import STALLS
 
 log = logging.getLogger("sfchat.host")
 CHECK_S = 0.1  # how often the heartbeat looks for a member silent past its limit
@@ -200,9 +201,9 @@ class Roster:
         tick = min(self.heartbeat_s, CHECK_S)  # silence is checked more often than pings go: lost on time
         while True:
             now = time.monotonic()
-            if now - last > 2 * self.heartbeat_s:
+            if now - last > 2 * self.heartbeat_s or STALLS.within(self.dead_after_s, now):  # the host's own stall
                 for m in self.members:
-                    m.last_seen = now
+                    m.last_seen = max(m.last_seen, now - self.heartbeat_s)
             last = now
             ping = now >= next_ping
             if ping:

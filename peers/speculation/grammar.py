@@ -21,7 +21,9 @@ import json
 import llguidance
 import llguidance.hf
 import torch
-from llguidance.torch import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
+# (numpy's kernels, not llguidance.torch's: that one is torch.compile'd, and its first call compiled it on the event
+# loop, tens of seconds on a busy 2-core machine, with torch._dynamo imported first; a mask costs the same)
+from llguidance.numpy import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
 
 from peers.speculation.sampling import SamplingParams, sample
 from peers.speculation.tree import Draft
@@ -77,9 +79,9 @@ class Grammar:
     def mask(self, row: torch.Tensor) -> torch.Tensor:
         """A row of logits [V] with every token the grammar refuses here at -inf (a copy, on the CPU)."""
         fill_next_token_bitmask(self.matcher, self._bits, 0)
-        out = row.detach().float().cpu().clone().view(1, -1)[:, :self.vocab]
-        apply_token_bitmask_inplace(out, self._bits)
-        return out.view(-1)
+        out = row.detach().float().cpu()[:self.vocab].clone()
+        apply_token_bitmask_inplace(out.numpy(), self._bits)  # (in place: the array is the tensor's memory)
+        return out
 
     def consume(self, token: int) -> None:
         """Move past a committed token (the target chose it from a masked row, so the grammar allows it)."""

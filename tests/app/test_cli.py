@@ -240,28 +240,34 @@ def test_headless_host_keeps_logs_and_commands_off_the_answer(tiny_llama, tmp_pa
     assert "**user:**\n\nhello world\n" in (tmp_path / "c.md").read_text()
 
 
-@pytest.mark.parametrize("stay", [False, True])
-def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay, tmp_path):
-    """Exit 0 and say so; with --stay it waits, joins the host's next start, and waits again."""
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_joiner_waits_for_its_host_to_come_back(tiny_llama, wait, tmp_path):
+    """By default a joiner whose host closes the ring waits, joins the host's next start with its layers kept (read
+    once: the same span, as each offers the same), and waits again; with --give-up-after 0 it exits 0 and says
+    so."""
     import trio
 
     port, procs, log = free_port(), [], tmp_path / "join.log"
 
     async def main():
-        for attempt in range(2 if stay else 1):
-            async with running_ring(tiny_llama, 0, listen=f"127.0.0.1:{port}", token="tok-from-env") as (host, _):
+        for attempt in range(2 if wait else 1):
+            async with running_ring(tiny_llama, 0, listen=f"127.0.0.1:{port}", token="tok-from-env",
+                                    offer_gb=1.0) as (host, _):
                 if not procs:
                     with open(log, "w") as err:
                         procs.append(subprocess.Popen(
                             [sys.executable, "-m", "sfchat", "join", f"127.0.0.1:{port}", "--model",
-                             str(tiny_llama), "--headless", "--listen", "127.0.0.1:0", *(["--stay"] if stay else [])],
+                             str(tiny_llama), "--headless", "--listen", "127.0.0.1:0", "--offer-gb", "1",
+                             *([] if wait else ["--give-up-after", "0"])],
                             stderr=err, cwd=ROOT, env=child_env(SFCHAT_TOKEN="tok-from-env")))
                 await host.wait_members(1, timeout=120)
+                await host.replan()  # it holds its layers under this host's plan
+                assert [m.state for m in host.members] == ["ready"]
 
     try:
         trio.run(main)
         joiner = procs[0]
-        if stay:  # once it says it waits for the host a second time, it is still there, waiting
+        if wait:  # once it says it waits for the host a second time, it is still there, waiting
             wait_for_line(log, r"(?s)(waiting for it to come back.*){2}", joiner)
             assert joiner.poll() is None, log.read_text()
             joiner.terminate()
@@ -271,10 +277,20 @@ def test_a_joiner_ends_normally_when_the_host_closes_the_ring(tiny_llama, stay, 
         for p in procs:
             p.kill()
             p.wait()
-    if stay:
-        assert err.count("the host closed the ring; waiting for it to come back") == 2, err
+    if wait:
+        assert err.count("the host closed the ring; waiting for it to come back, layers kept") == 2, err
+        assert err.count("loaded layers") == 1, err  # its second host found them loaded
     else:
         assert joiner.returncode == 0 and err.strip().endswith("sfchat join: the host closed the ring"), err
+
+
+def test_a_joiner_gives_up_after_the_time_it_was_given():
+    import trio
+
+    from sfchat.join import GaveUp, wait_for
+
+    with pytest.raises(GaveUp, match="did not come back within 1 s"):
+        trio.run(wait_for, f"127.0.0.1:{free_port()}", 1.0)  # nothing listens there
 
 
 def test_a_stay_joiner_stopped_past_the_heartbeat_limit_joins_again(tiny_llama, tmp_path):

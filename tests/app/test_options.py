@@ -90,3 +90,31 @@ def test_one_default_temperature_from_the_models_generation_config(tmp_path, gen
     # a temperature the user set in the chat (/temp, kept in the settings file) wins over the model's
     assert ring_options(parser().parse_args(["host", *model]), settings.Settings(temperature=0.3)).answer.temperature \
         == 0.3
+
+
+def test_a_hosts_token_lasts_until_new_token(tmp_path):
+    """host and serve reuse the token kept in the config folder (readable by its user only); --new-token makes a new
+    one and drops the TLS certificate with it; ask, a one-off, keeps none."""
+    import os
+
+    from peers import config_dir
+    from peers.links.tls import ensure_cert
+
+    first = ring_options(parser().parse_args(["serve"])).host.token
+    assert first and ring_options(parser().parse_args(["host"]), settings.Settings()).host.token == first
+    assert os.stat(config_dir() / "host-token").st_mode & 0o777 == 0o600
+    cert, _ = ensure_cert("host")
+    rotated = ring_options(parser().parse_args(["serve", "--new-token"])).host.token
+    assert rotated != first and not cert.exists()  # a new certificate is made when TLS is next set up
+    assert ring_options(parser().parse_args(["serve"])).host.token == rotated
+    assert ring_options(parser().parse_args(["serve", "--token", "mine"])).host.token == "mine"
+    assert ring_options(parser().parse_args(["ask", "hi"])).host.token is None
+
+
+def test_give_up_after_takes_durations():
+    for text, seconds in (("90", 90), ("90s", 90), ("5m", 300), ("1h", 3600), ("0", 0)):
+        args = parser().parse_args(["join", "h:1", "--token", "t", "--give-up-after", text])
+        assert join_options(args).give_up_after == seconds
+    assert join_options(parser().parse_args(["join", "h:1", "--token", "t"])).give_up_after is None
+    with pytest.raises(SystemExit):
+        parser().parse_args(["join", "h:1", "--give-up-after", "soon"])

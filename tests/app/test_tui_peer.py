@@ -20,7 +20,8 @@ def test_peer_screen_follows_a_real_ring(tiny_llama, tmp_path, caplog):
                          "--temperature", "0")
     try:
         args = parser().parse_args(["join", f"127.0.0.1:{port}", "--token", token, "--model", str(tiny_llama),
-                                    "--listen", "127.0.0.1:0", "--name", "tuipeer"])
+                                    "--listen", "127.0.0.1:0", "--name", "tuipeer",
+                                    "--give-up-after", "0"])  # (by default it would wait for the host's return)
         app = PeerApp(join_options(args))
 
         async def main():

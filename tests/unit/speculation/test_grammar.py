@@ -56,3 +56,24 @@ def test_a_verdict_takes_each_choice_from_the_masked_row_and_moves_the_grammar_p
     assert path == [0] and tok.decode([nxt]).startswith('"')
     rest = ids(tok, json.dumps({"ok": True})[len("{" + tok.decode([nxt])):])
     assert g.matcher.try_consume_tokens(rest) == len(rest) and g.matcher.is_accepting()  # it stands after both
+
+
+def test_a_first_mask_compiles_nothing():
+    """A grammar's first mask runs on the host's event loop: it must not compile a kernel there (llguidance's torch
+    kernel is torch.compile'd: tens of seconds on a busy machine, every member's heartbeat held up meanwhile). A
+    fresh process, as a fresh host is."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT, child_env
+
+    code = ("import sys, torch; sys.path.insert(0, 'tests/support')\n"
+            "from tiny import make_tokenizer\n"
+            "from peers.speculation.grammar import Grammar, json_grammar\n"
+            "tok = make_tokenizer(); g = Grammar(tok, json_grammar(None), len(tok))\n"
+            "row = g.mask(torch.zeros(len(tok)))\n"
+            "print(int(torch.isfinite(row).sum()), 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                         timeout=300)
+    allowed, compiled = out.stdout.split()
+    assert 0 < int(allowed) < 100 and compiled == "False", out.stdout + out.stderr  # "{" and a few whitespaces
