@@ -29,7 +29,7 @@ def bad_body(rng: random.Random, model: str) -> bytes:
         {"messages": [{"role": "user", "content": 5}]},
         {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
         {"max_tokens": -1}, {"max_tokens": "many"}, {"temperature": "hot"}, {"temperature": 1e9},
-        {"top_p": -2}, {"model": "no-such-model"}, {"stop": ["a", "b", "c", "d", "e"]}, {"stream": "yes"},
+        {"top_p": -2}, {"model": 5}, {"stop": ["a", "b", "c", "d", "e"]}, {"stream": "yes"},
         {"messages": [{"role": "user", "content": "x" * 200000}]}, {"seed": 1.5}, {"n": 3},
     ])
     if rng.random() < 0.3:  # not even JSON, or not an object

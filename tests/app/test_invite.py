@@ -139,7 +139,7 @@ def test_the_printed_invite_joins_from_another_machine(two_machines, tiny_llama)
         printed = next(line for line in lines if " join " in line).strip()
         assert printed.startswith(f"sfchat join {HOST_IP}:7341 --token ")
         joiner = subprocess.Popen(in_ns(join_ns, "bash", "-c", printed + " --model " + shlex.quote(str(tiny_llama))
-                                        + " --headless --name far"),
+                                        + " --headless --name far --give-up-after 0"),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         while "+ member 1 (far) joined" not in "".join(lines):
             line = host.stderr.readline()
