@@ -91,9 +91,11 @@ class LocalPeers:
             self.procs.append(self.start(cmd, path, own_env))
 
     def start(self, cmd: list[str], log: Path, env: dict[str, str], mode: str = "w") -> subprocess.Popen:
-        """Peer process `cmd`, its output into `log`."""
+        """Peer process `cmd`, its output into `log`. In a session of its own: a terminal's Ctrl+C goes to the
+        host alone, which stops its peers as it ends (none is seen to die and started again meanwhile)."""
         with open(log, mode) as out:
-            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
 
     def check(self) -> None:
         for i, p in enumerate(self.procs):

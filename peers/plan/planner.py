@@ -192,7 +192,9 @@ class Planner:
         the host takes back its layers where it can; where the rest cannot hold the model, FitError, and passes
         are refused (problem()) until a plan succeeds. `unless_past`: a failed pass's epoch; nothing to do if
         another conversation's recovery has re-formed the ring since."""
+        asked = time.monotonic()
         async with self.gate.alone():
+            self.phases = {"drained": time.monotonic() - asked}
             if unless_past is not None and self.epoch > unless_past and self.healthy():
                 return
             try:
@@ -240,9 +242,11 @@ class Planner:
             m.assign(s, epoch)
             m.planned_bytes = b
         self.on_change()
+        t0 = time.monotonic()
         if bad := await self._assign_and_load(ring, epoch, host_port, spans[0]):
             self._leave_out(bad)
             return False
+        self.phases["loaded"] = time.monotonic() - t0
         if (unreachable := await self._wire_first_hop(ring, epoch)) is not None:
             self._leave_out([unreachable])
             return False
@@ -252,6 +256,8 @@ class Planner:
             self.nursery.start_soon(self._watch, self.first_hop, epoch)
             await self.nursery.start(keep_alive, self.first_hop)  # the first member takes silence for a dead link
         spares = [m for m in live if m.state == "spare"]
+        self.phases["wired"] = time.monotonic() - t0
+        log.debug("re-plan %d: %s", epoch, ", ".join(f"{k} after {v:.2f} s" for k, v in self.phases.items()))
         log.info("ring epoch %d: host %s%s%s; %s placement%s", epoch, spans[0],
                  "".join(f" -> member {m.id} {m.span}" for m in ring),
                  "".join(f", member {m.id} spare" for m in spares), t.placement,

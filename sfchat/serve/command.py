@@ -1,6 +1,7 @@
 """`sfchat serve` (headless: host the ring and serve) and the endpoint beside `sfchat host --serve`."""
 from __future__ import annotations
 
+import signal
 from contextlib import asynccontextmanager
 
 import trio
@@ -53,13 +54,21 @@ async def serving_beside(ring: Ring, drafter, opts: RingOptions, *, say=say, on_
 
 
 async def serve_command(opts: RingOptions) -> int:
+    """Until Ctrl+C or SIGTERM. Either is read here, as a message, and ends the whole endpoint at once: raised as
+    KeyboardInterrupt it would land in whatever task ran (a stream's send, say), where the web server takes it
+    for that request's error and serves on."""
     host = build_host(opts)
-    async with open_ring(opts, host=host, stay=True) as ring:
-        drafter = await new_drafter(opts.answer.draft, ring)
-        async with trio.open_nursery() as nursery:
-            conv, url = await start(nursery, ring, drafter, opts)
-            say(f"sfchat serving {host.source.name} at {url}/v1 (up to {conv.limit} conversations at once; "
-                f"{host.device}, {compute_line(host)})")
-            say(f"ring on {listening(host)}. On each other machine run:\n"
-                f"  {for_host(host, opts.advertise, listen_flag='--ring-listen')}")
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_ring(opts, host=host, stay=True) as ring:
+            drafter = await new_drafter(opts.answer.draft, ring)
+            async with trio.open_nursery() as nursery:
+                conv, url = await start(nursery, ring, drafter, opts)
+                say(f"sfchat serving {host.source.name} at {url}/v1 (up to {conv.limit} conversations at once; "
+                    f"{host.device}, {compute_line(host)})")
+                say(f"ring on {listening(host)}. On each other machine run:\n"
+                    f"  {for_host(host, opts.advertise, listen_flag='--ring-listen')}")
+                async for sig in signals:
+                    say(f"sfchat serve: {signal.Signals(sig).name}; stopping")
+                    nursery.cancel_scope.cancel()
+                    break
     return 0

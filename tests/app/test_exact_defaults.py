@@ -66,17 +66,22 @@ def test_a_seeded_answer_repeats_with_or_without_drafts(ring):
     assert ring.ask(PROMPTS[1], *args, "--tree-nodes", "8")["token_ids"] == first
 
 
-def test_serve_repeats_greedy_and_seeded_answers_alone_and_four_at_once(smollm2, defaults, tmp_path):
+def test_serve_repeats_greedy_and_seeded_answers_alone_and_beside_others(smollm2, defaults, tmp_path):
     server = Server(Path("smollm2-135m"), tmp_path / "serve.log", peers=2)
     try:
         api = client(server)
 
         def ask(prompt: str, **kw) -> str:
-            r = api.chat.completions.create(model=server.model, messages=user(prompt), max_tokens=24, **kw)
+            kw.setdefault("max_tokens", 24)
+            r = api.chat.completions.create(model=server.model, messages=user(prompt), **kw)
             return r.choices[0].message.content
 
         greedy_answers = {ask(PROMPTS[0], temperature=0) for _ in range(3)}
         assert len(greedy_answers) == 1
+        alone = [ask(p, temperature=0, max_tokens=48) for p in PROMPTS]
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:  # other conversations in the same passes, rounds in flight
+            for _ in range(2):
+                assert list(pool.map(lambda p: ask(p, temperature=0, max_tokens=48), PROMPTS)) == alone
         seeded = dict(temperature=1.0, seed=42)
         answers = []
         for other in PROMPTS[1:] + ["Name three colours."]:

@@ -60,3 +60,27 @@ def test_a_local_peer_that_dies_is_reaped_and_started_again(tiny_llama, tmp_path
         assert [(m["id"], m["name"], m["state"]) for m in h["members"]][1:] == [(number, "local-a", "ready")]
     finally:
         s.close()
+
+
+def test_ctrl_c_in_a_terminal_ends_serve_mid_stream(tiny_llama, tmp_path):
+    """Ctrl+C reaches a terminal's whole process group, serve and its local peers, while an answer streams: serve
+    ends at once and cleanly, and no peer is taken for dead and started again meanwhile (the interrupt used to land
+    in the streaming request, which the web server logged as that request's error, and served on)."""
+    from serving import Server, client, user
+    s = Server(tiny_llama, tmp_path / "serve.log", "--draft", "none", peers=1)
+    try:
+        s.wait_until(lambda h: [m["state"] for m in h["members"]] == ["ready", "ready"], what="a ring of two")
+        kids = s.peer_pids()
+        stream = client(s).chat.completions.create(model=s.model, messages=user("hello"), stream=True,
+                                                   max_tokens=400)
+        next(iter(stream))
+        os.killpg(s.proc.pid, signal.SIGINT)
+        assert s.proc.wait(20) == 0
+        log = s.log.read_text()
+        assert "SIGINT; stopping" in log and "restarted it" not in log and "Traceback" not in log, log
+        deadline = time.time() + 15
+        while any(alive(k) for k in kids) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(k) for k in kids)
+    finally:
+        s.close()

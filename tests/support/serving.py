@@ -24,7 +24,7 @@ class Server:
         self.log = log
         with open(log, "w") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env or child_env(), cwd=ROOT,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, start_new_session=True)  # (a terminal's group)
         try:
             m = wait_for_line(log, r"serving \S+ at (http://\S+)/v1", self.proc, timeout)
         except AssertionError:
