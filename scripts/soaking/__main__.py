@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import secrets
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from peers.links.auth import new_token
 
 from . import http_fuzz, ring_fuzz
 from .faults import Faults
@@ -114,7 +115,7 @@ def main(argv: list[str]) -> int:
         hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
         tally = Tally()
         relay = RelayThread()
-        ring = Ring(str(model_dir), args.peers, workdir, key=KEY, token=secrets.token_urlsafe(12), clients=args.clients,
+        ring = Ring(str(model_dir), args.peers, workdir, key=KEY, token=new_token(), clients=args.clients,
                     serve_args=args.serve_args, relay=relay.start(), link_idle_s=args.idle_s / 2)
         try:
             ring.start()

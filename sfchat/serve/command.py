@@ -54,21 +54,29 @@ async def serving_beside(ring: Ring, drafter, opts: RingOptions, *, say=say, on_
 
 
 async def serve_command(opts: RingOptions) -> int:
-    """Until Ctrl+C or SIGTERM. Either is read here, as a message, and ends the whole endpoint at once: raised as
-    KeyboardInterrupt it would land in whatever task ran (a stream's send, say), where the web server takes it
-    for that request's error and serves on."""
+    """Until Ctrl+C or SIGTERM. Either is read here, as a message: raised as KeyboardInterrupt it would land in
+    whatever task ran (a stream's send, say), where the web server takes it for that request's error and serves
+    on. Once the endpoint is up, a signal ends it and the ring closes as usual; before, it ends the start-up."""
     host = build_host(opts)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_ring(opts, host=host, stay=True) as ring:
-            drafter = await new_drafter(opts.answer.draft, ring)
-            async with trio.open_nursery() as nursery:
-                conv, url = await start(nursery, ring, drafter, opts)
-                say(f"sfchat serving {host.source.name} at {url}/v1 (up to {conv.limit} conversations at once; "
-                    f"{host.device}, {compute_line(host)})")
-                say(f"ring on {listening(host)}. On each other machine run:\n"
-                    f"  {for_host(host, opts.advertise, listen_flag='--ring-listen')}")
+        async with trio.open_nursery() as outer:
+            stop = outer.cancel_scope
+
+            async def on_signal() -> None:
                 async for sig in signals:
                     say(f"sfchat serve: {signal.Signals(sig).name}; stopping")
-                    nursery.cancel_scope.cancel()
-                    break
+                    stop.cancel()
+                    return
+
+            outer.start_soon(on_signal)
+            async with open_ring(opts, host=host, stay=True) as ring:
+                drafter = await new_drafter(opts.answer.draft, ring)
+                async with trio.open_nursery() as nursery:
+                    conv, url = await start(nursery, ring, drafter, opts)
+                    stop = nursery.cancel_scope
+                    say(f"sfchat serving {host.source.name} at {url}/v1 (up to {conv.limit} conversations at "
+                        f"once; {host.device}, {compute_line(host)})")
+                    say(f"ring on {listening(host)}. On each other machine run:\n"
+                        f"  {for_host(host, opts.advertise, listen_flag='--ring-listen')}")
+            outer.cancel_scope.cancel()  # (the signal's watcher)
     return 0

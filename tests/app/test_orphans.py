@@ -84,3 +84,22 @@ def test_ctrl_c_in_a_terminal_ends_serve_mid_stream(tiny_llama, tmp_path):
         assert not any(alive(k) for k in kids)
     finally:
         s.close()
+
+
+def test_ctrl_c_ends_serve_while_it_waits_for_peers(tiny_llama, tmp_path):
+    """Before the endpoint is up (waiting for a joiner that never comes), Ctrl+C still ends serve at once."""
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, "-m", "sfchat", "serve", "--model", str(tiny_llama), "--wait-peers", "1",
+                              "--ring-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--insecure-no-key"],
+                             stdout=out, stderr=subprocess.STDOUT, env=child_env())
+    try:
+        deadline = time.time() + 120
+        while "Waiting for 1 peer" not in log.read_text() and time.time() < deadline and p.poll() is None:
+            time.sleep(0.2)
+        assert "Waiting for 1 peer" in log.read_text(), log.read_text()
+        p.send_signal(signal.SIGINT)
+        p.wait(10)
+        assert "SIGINT; stopping" in log.read_text()
+    finally:
+        p.kill()
