@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 
 import torch
@@ -22,7 +23,9 @@ from peers.compute import cpu_quant, quant as quantization
 
 log = logging.getLogger("sfchat.speed")
 CONTEXT = 256  # positions of cache each timed pass attends to
-BUDGET_S = 1.0  # the timing stops repeating passes after about this long
+BURSTS, PASSES = 6, 3  # short bursts of a few passes at each size, spread over the timing (figure())
+GAP_S = 0.12  # between bursts: the timing spans about a second, not one lucky moment
+BUDGET_S = 1.0  # a device slow enough to take longer times fewer bursts
 
 
 class ReferenceLayer(torch.nn.Module):
@@ -80,26 +83,40 @@ def fixed(who: str) -> float | None:
 
 
 def ms_per_layer(device: str, dtype: str, quant: str = "none") -> dict[int, float]:
-    """The least ms of a few passes through the reference layer, by positions in the pass."""
+    """ms per pass through the reference layer, by positions in the pass: short bursts spread over about a second
+    (figure())."""
     torch.manual_seed(0)
     layer = _layer(device, dtype, quant)
     r, dt = REFERENCE_LAYER, DTYPES[dtype]
     d = r["hidden"] // r["heads"]
     cache = torch.randn(1, r["kv_heads"], CONTEXT, d, device=device, dtype=dt)
-    out = {}
+    xs = {p: torch.randn(1, p, r["hidden"], device=device, dtype=dt) for p in SPEED_POSITIONS}
+    bursts: dict[int, list[list[float]]] = {p: [] for p in SPEED_POSITIONS}
     with torch.inference_mode():
-        for p in SPEED_POSITIONS:
-            x = torch.randn(1, p, r["hidden"], device=device, dtype=dt)
+        for x in xs.values():
             layer(x, cache, cache)  # warm up
-            times, start = [], time.perf_counter()
-            while len(times) < 3 or (len(times) < 20 and time.perf_counter() - start < BUDGET_S / len(SPEED_POSITIONS)):
-                t0 = time.perf_counter()
-                layer(x, cache, cache)
-                if device.startswith("cuda"):
-                    torch.cuda.synchronize()
-                times.append((time.perf_counter() - t0) * 1e3)
-            out[p] = min(times)  # what the machine can do: another program's burst on its cores is not its speed
-    return out
+        start = time.perf_counter()
+        for _ in range(BURSTS):
+            for p, x in xs.items():
+                times = []
+                for _ in range(PASSES):
+                    t0 = time.perf_counter()
+                    layer(x, cache, cache)
+                    if device.startswith("cuda"):
+                        torch.cuda.synchronize()
+                    times.append((time.perf_counter() - t0) * 1e3)
+                bursts[p].append(times)
+            if time.perf_counter() - start > BUDGET_S:  # a slow device: fewer bursts
+                break
+            time.sleep(GAP_S)
+    return {p: figure(b) for p, b in bursts.items()}
+
+
+def figure(bursts: list[list[float]]) -> float:
+    """The median of the bursts' least passes. A burst's least pass leaves out a moment's hiccup; the median over
+    bursts spread in time counts load that lasts: a process whose threads share their cores with another program
+    is that slow for as long as it does, and a lone burst on a core that happened to be free is not its speed."""
+    return statistics.median(min(b) for b in bursts)
 
 
 def measure(device: str, dtype: str, quant: str = "none", who: str = "this member") -> float:
