@@ -137,30 +137,46 @@ class Host(PassEngine):
         if self.auto_replan:
             self.nursery.start_soon(self.planner.replan_logged, self.port)
 
-    def _watch_speeds(self, trace: list, positions: int) -> None:
-        """Each member's share of a pass, for the drift watch (peers/plan/drift.py)."""
+    def _watch_speeds(self, host_ms: float, trace: list, positions: int) -> None:
+        """Each stage's share of a pass, for the drift watch (peers/plan/drift.py) and the check of the figures
+        the plan was made with (peers/plan/calibration.py)."""
         spans = {m.name: m.span.size for m in self.ring if m.span is not None}
         now = time.monotonic()
+        self.planner.calibration.observe("host", host_ms, positions)
         for name, ms in trace:
             if name in spans:
                 self.planner.drift.observe(name, ms, spans[name], positions, now)
+                self.planner.calibration.observe(name, ms, positions)
 
     def between_answers(self) -> None:
-        """After an answer, with no other under way: re-plan for speed if a member's speed drifted (another program
-        took its cores, or gave them back), its figure scaled by how far it moved."""
+        """After an answer, with no other under way: re-plan for speed if a stage's first rounds under the plan
+        showed its figure wrong, or a member's speed drifted (another program took its cores, or gave them back),
+        its figure scaled by how far it was off."""
         if not self.auto_replan or self.turns.passes or self.replanning or self.roster.closing \
                 or self.planner.target.placement != "speed":
             return
         now = time.monotonic()
-        if not (drifted := self.planner.drift.drifted(now)):
+        if off := self.planner.calibration.off():  # a figure the plan was made with, wrong from the start
+            self._scale_speeds(off)
+            log.info("re-planning for speed: %s", ", ".join(
+                f"{name}'s layers take {x:.1f}x what its figure said" for name, x in off.items()))
+            self.planner.calibration.correct(off)
+        elif drifted := self.planner.drift.drifted(now):
+            self._scale_speeds(drifted)
+            log.info("re-planning for speed: %s", ", ".join(f"{name}'s passes run {x:.1f}x their first"
+                                                             for name, x in drifted.items()))
+            self.planner.drift.replanned(now)
+        else:
             return
-        for m in self.ring:
-            if m.name in drifted and not math.isnan(m.ms_per_layer):
-                m.ms_per_layer *= drifted[m.name]
-        log.info("re-planning for speed: %s", ", ".join(f"{name}'s passes run {x:.1f}x their first"
-                                                         for name, x in drifted.items()))
-        self.planner.drift.replanned(now)
         self.nursery.start_soon(self.planner.replan_logged, self.port)
+
+    def _scale_speeds(self, by: dict[str, float]) -> None:
+        """Figures scaled by how far each stage's passes were from them ("host": the host's own)."""
+        if "host" in by and not math.isnan(self.planner.host_ms):
+            self.planner.host_ms *= by["host"]
+        for m in self.ring:
+            if m.name in by and not math.isnan(m.ms_per_layer):
+                m.ms_per_layer *= by[m.name]
 
     def _lost(self, m: Member) -> None:
         """A member of the ring is gone: re-plan over the rest now, not at the next pass (unless a pass's own

@@ -172,7 +172,7 @@ class PassEngine:
         timing = {"host_ms": host_ms + head_ms, "peers": trace, "peers_ms": peers_ms, "batch": len(parts),
                   "positions": sum(len(p.ids) for p in parts),
                   "network_ms": max(total_ms - host_ms - head_ms - peers_ms, 0.0), "pass_ms": total_ms}
-        self._watch_speeds(trace, timing["positions"])
+        self._watch_speeds(host_ms, trace, timing["positions"])
         for (r, p, _), (feats, logits, best) in zip(done, outs):
             if r.committed is not None:  # its conversation's state is the round's own (peers/speculation/in_flight.py)
                 r.result = (logits, {**timing, "best": best, "feats": feats})

@@ -23,6 +23,7 @@ from peers.links.channel import Channel, ChannelClosed
 from peers.wire.codec import WireError
 from peers.base.errors import FitError, ModelError, RingError
 from peers.plan.roster import Member, Roster
+from peers.plan.calibration import HOST, Calibration
 from peers.plan.drift import Drift
 from peers.plan.holds import Holds
 from peers.plan.gate import PassGate
@@ -84,6 +85,7 @@ class Planner:
         self.host_share = 0.0  # its part of the predicted time per token
         self.predicted_ms = math.nan  # the current plan's predicted ms per token (one conversation)
         self.drift = Drift()  # each member's pass times against its baseline under this plan (peers/plan/drift.py)
+        self.calibration = Calibration()  # each stage's first rounds against its figure (peers/plan/calibration.py)
         self.broken: dict[int, str] = {}  # plans a data link of broke, and how: their passes fail, a re-wire follows
         self.nursery = None  # the host's: the watcher of the first hop lives there
         self.on_broken = lambda epoch: None  # the host's recovery
@@ -252,6 +254,9 @@ class Planner:
             return False
         self.ring, self.epoch = ring, epoch
         self.drift.reset()  # new spans, new neighbours: new baselines
+        k = scale(t.size)
+        self.calibration.planned({HOST: (spans[0].size, self.host_ms * k)} | {
+            m.name: (m.span.size, m.ms_per_layer * k) for m in ring}, [HOST] + [m.name for m in live])
         if self.first_hop is not None and self.nursery is not None:
             self.nursery.start_soon(self._watch, self.first_hop, epoch)
             await self.nursery.start(keep_alive, self.first_hop)  # the first member takes silence for a dead link
