@@ -157,18 +157,20 @@ class Host(PassEngine):
             return
         now = time.monotonic()
         if off := self.planner.calibration.off():  # a figure the plan was made with, wrong from the start
+            why = ", ".join(f"{name}'s layers take {x:.1f}x what its figure said" for name, x in off.items())
             self._scale_speeds(off)
-            log.info("re-planning for speed: %s", ", ".join(
-                f"{name}'s layers take {x:.1f}x what its figure said" for name, x in off.items()))
             self.planner.calibration.correct(off)
         elif drifted := self.planner.drift.drifted(now):
+            why = ", ".join(f"{name}'s passes run {x:.1f}x their first" for name, x in drifted.items())
             self._scale_speeds(drifted)
-            log.info("re-planning for speed: %s", ", ".join(f"{name}'s passes run {x:.1f}x their first"
-                                                             for name, x in drifted.items()))
             self.planner.drift.replanned(now)
         else:
             return
-        self.nursery.start_soon(self.planner.replan_logged, self.port)
+        if self.planner.moves():
+            log.info("re-planning for speed: %s", why)
+            self.nursery.start_soon(self.planner.replan_logged, self.port)
+        else:
+            log.info("%s: the plan stays as it is (the new figures place the layers as they are)", why)
 
     def _scale_speeds(self, by: dict[str, float]) -> None:
         """Figures scaled by how far each stage's passes were from them ("host": the host's own)."""

@@ -359,6 +359,18 @@ class Planner:
             return plan(t.size, self.offers(live, holds=False), t.max_context, self.drafter_bytes, t.conversations,
                         t.placement, t.serving)
 
+    def moves(self) -> bool:
+        """Whether a plan now, by the figures as they are, would move layers: a corrected figure that changes
+        nothing is no reason to re-plan (a new epoch: every conversation replays)."""
+        live = self.roster.live()
+        try:
+            spans = self._plan(live)
+        except FitError:
+            return True
+        def held(span): return span if span is not None and span.size else None
+        now = [self.shard.span if self.shard else None] + [m.span if m in self.ring else None for m in live]
+        return [held(s) for s in spans] != [held(s) for s in now]
+
     def _predict(self, offers: list[Offer], spans: list, live: list[Member]) -> None:
         """The plan's predicted ms per token, and each stage's share of it (nan where someone did not measure)."""
         self.predicted_ms = predicted_ms(self.target.size, offers, spans)

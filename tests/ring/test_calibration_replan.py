@@ -23,7 +23,7 @@ SPEEDS = "host=1000000,local-a=1000,local-b=2000"
 async def lied_then_replanned(model):
     async with running_ring(model, 2, heartbeat_s=0.5, dead_after_s=30.0, placement="speed") as (host, lp):
         host.auto_replan = True
-        before = [m.name for m in host.ring]
+        before = [m.name for m in host.ring], host.epoch
         answers, epochs, rings = [], [], []
         for _ in range(3):
             chat = new_chat(host)
@@ -40,14 +40,25 @@ async def lied_then_replanned(model):
         return before, rings, answers, epochs
 
 
-def test_a_member_slower_than_it_said_hands_its_layers_over_after_its_first_rounds(tiny_llama, monkeypatch):
-    # the plans by these figures alone: loopback round trips (a tenth of a ms, and noisy) taken out
+def by_figures_alone(monkeypatch, speeds: str) -> None:
+    """The plans by these figures alone: loopback round trips (a tenth of a ms, and noisy) taken out."""
     offers = Planner.offers
     monkeypatch.setattr(Planner, "offers", lambda self, live, holds=True: [replace(o, link_ms=0.0)
                                                                        for o in offers(self, live, holds)])
-    monkeypatch.setenv("SFCHAT_TEST_MS_PER_LAYER", SPEEDS)
+    monkeypatch.setenv("SFCHAT_TEST_MS_PER_LAYER", speeds)
     monkeypatch.setenv("SFCHAT_TEST_SLOW", "local-a:0:0.1")
-    before, rings, answers, epochs = trio.run(lied_then_replanned, tiny_llama)
+
+
+def test_a_member_slower_than_it_said_hands_its_layers_over_after_its_first_rounds(tiny_llama, monkeypatch):
+    by_figures_alone(monkeypatch, SPEEDS)
+    (before, first), rings, answers, epochs = trio.run(lied_then_replanned, tiny_llama)
     assert before == ["local-a"] and rings == [["local-b"]] * 3, (before, rings)
-    assert epochs[0] == epochs[1] == epochs[2], epochs  # once, after the first answer, and it did not flap
+    assert first < epochs[0] == epochs[1] == epochs[2], epochs  # once, after the first answer, and no flapping
     assert answers == [reference_ids(tiny_llama, PROMPT, N)] * 3
+
+
+def test_a_corrected_figure_that_moves_nothing_is_no_replan(tiny_llama, monkeypatch):
+    by_figures_alone(monkeypatch, "host=1000000,local-a=1000,local-b=100000")  # local-a, slowed, is still the best
+    (before, first), rings, answers, epochs = trio.run(lied_then_replanned, tiny_llama)
+    assert before == ["local-a"] and rings == [["local-a"]] * 3, (before, rings)
+    assert epochs == [first] * 3  # no new epoch: the conversations' caches stay
