@@ -123,20 +123,21 @@ def test_the_least_recently_used_row_goes_first(server):
 
 
 def test_four_concurrent_chats_sharing_a_system_prompt_keep_their_own_rows(server):
-    async def one(c, i: int, cache: bool) -> list[tuple[str, int, int]]:
-        messages, out = [{"role": "system", "content": SYSTEM}], []
-        for q in (QUESTIONS[i:] + QUESTIONS[:i])[:3]:
-            messages.append({"role": "user", "content": q})
-            r = await c.chat.completions.create(model=server.model, messages=messages, max_tokens=N, temperature=0,
-                                                extra_body={"cache_prompt": cache})
-            out.append((r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens,
-                        r.usage.prompt_tokens))
-            messages.append({"role": "assistant", "content": out[-1][0]})
-        return out
+    """Four chats turn by turn, each turn's four requests at once. (Not each chat at its own pace: a chat whose first
+    request came after another's answer would take that row, which holds the shared system prompt, by design.)"""
+    async def turn(c, messages: list, q: str, cache: bool) -> tuple[str, int, int]:
+        messages.append({"role": "user", "content": q})
+        r = await c.chat.completions.create(model=server.model, messages=messages, max_tokens=N, temperature=0,
+                                            extra_body={"cache_prompt": cache})
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        return r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens
 
     async def main(cache: bool) -> list:
         c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
-        return await asyncio.gather(*(one(c, i, cache) for i in range(4)))
+        chats = [[{"role": "system", "content": SYSTEM}] for _ in range(4)]
+        turns = [await asyncio.gather(*(turn(c, chats[i], (QUESTIONS[i:] + QUESTIONS[:i])[t], cache)
+                                        for i in range(4))) for t in range(3)]
+        return [list(chat) for chat in zip(*turns)]
 
     warm, cold = asyncio.run(main(True)), asyncio.run(main(False))
     assert [[a for a, _, _ in turns] for turns in warm] == [[a for a, _, _ in turns] for turns in cold]

@@ -102,7 +102,8 @@ def test_member_killed_while_four_stream(server, uninterrupted):
 def test_health_is_a_503_while_a_member_is_silent(server):
     """A paused member (SIGSTOP: a machine asleep) stalls every answer: /health says so (degraded, the member named,
     a 503 for a readiness probe) before the member is declared lost, and ok again once it answers."""
-    server.wait_until(lambda h: h["status"] == "ok", what="a ring that can answer")
+    server.wait_until(lambda h: h["status"] == "ok" and sum(m["state"] == "ready" for m in h["members"][1:]) == 2,
+                      60, "a ring that can answer, both members back")  # (one killed before is started again)
     pids = server.peer_pids()
     seen = []
     for pid in pids:
