@@ -278,7 +278,8 @@ def test_a_joiner_waits_for_its_host_to_come_back(tiny_llama, wait, tmp_path):
             p.kill()
             p.wait()
     if wait:
-        assert err.count("the host closed the ring; waiting for it to come back, layers kept") == 2, err
+        # (the second close may reach it as a broken pipe, mid-pong, rather than as the host's goodbye)
+        assert err.count("; waiting for it to come back, layers kept") == 2, err
         assert err.count("loaded layers") == 1, err  # its second host found them loaded
     else:
         assert joiner.returncode == 0 and err.strip().endswith("sfchat join: the host closed the ring"), err
