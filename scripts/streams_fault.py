@@ -124,10 +124,10 @@ def main() -> None:
                           f"texts {'equal' if same else 'DIFFER'} to the run without the fault", flush=True)
                     for i in ref:
                         if got[i][1] != ref[i][1]:
-                            a, b = ref[i][1], got[i][1]
-                            at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                            print(f"  stream {i} from character {at}: {a[at - 20:at + 40]!r} became "
-                                  f"{b[at - 20:at + 40]!r}", flush=True)
+                            was, now = ref[i][1], got[i][1]
+                            at = next((j for j, (x, y) in enumerate(zip(was, now)) if x != y), min(len(was), len(now)))
+                            print(f"  stream {i} from character {at}: {was[at - 20:at + 40]!r} became "
+                                  f"{now[at - 20:at + 40]!r}", flush=True)
     finally:
         for s in spin:
             s.kill()

@@ -14,6 +14,11 @@ class MemberLeft(RingError):
     as the departure it is."""
 
 
+class ConversationLost(RingError):
+    """A member left one conversation out of a pass: it no longer holds that conversation's caches (their row went
+    to another conversation, say). That conversation replays; the ring is whole, and nothing is re-planned."""
+
+
 class FitError(RingError):
     """The ring cannot hold the model; the message is one line with the numbers and what would help. host_short:
     the host cannot hold even its own part (embedding, head, drafter, a pass), which no joiner changes."""

@@ -151,3 +151,15 @@ def cpu_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """What a loaded module holds: parameters, buffers and the plain tensors a quantized linear keeps."""
+    seen, total = set(), 0
+    for m in module.modules():
+        for t in [*m.parameters(recurse=False), *m.buffers(recurse=False),
+                  *(v for v in vars(m).values() if isinstance(v, torch.Tensor))]:
+            if id(t) not in seen and t.device.type != "meta":
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+    return total

@@ -21,6 +21,7 @@ from peers.base.errors import ModelError
 from peers.base.limits import CONVERSATIONS, MAX_CONTEXT, cache_positions
 from peers.base.span import Span
 from peers.compute.kv import RoomError, SessionCache
+from peers.compute.memory import module_bytes
 from peers.base.dtypes import DTYPES
 
 
@@ -67,10 +68,17 @@ class Shard:
         if self.graphs is not None:
             self.graphs.close()
 
+    def bytes(self) -> int:
+        """What its layers and KV arena hold."""
+        return sum(map(module_bytes, self.layers)) + self.arena.bytes
+
+    def held(self) -> dict[int, torch.nn.Module]:
+        """Its layers by their index in the model."""
+        return dict(zip(range(self.span.start, self.span.end), self.layers))
+
     def keep(self, span: Span, embed: bool, head: bool) -> Kept:
         """The parts a next shard of `span` (with the embedding, the head) can use; the rest goes with this one."""
-        layers = {i: layer for i, layer in zip(range(self.span.start, self.span.end), self.layers)
-                  if span.start <= i < span.end}
+        layers = {i: layer for i, layer in self.held().items() if span.start <= i < span.end}
         return Kept(self.loaded_as, layers, self.embed if embed else None, *((self.norm, self.lm_head) if head
                                                                              else (None, None)))
 

@@ -43,6 +43,7 @@ from peers.host.rounds import PassEngine
 from peers.base.stalls import STALLS
 
 log = logging.getLogger("sfchat.host")
+JOIN_SETTLE_S = 1.5  # a join's re-plan comes no sooner after the last plan (trio's clock)
 __all__ = ["Host", "Member", "RingError", "RingSession"]
 
 
@@ -68,7 +69,9 @@ class Host(PassEngine):
         self.roster = Roster(tls=self.tls.enabled, heartbeat_s=opts.heartbeat_s, dead_after_s=opts.dead_after_s,
                              on_change=lambda: self.on_change(), on_join=self._joined, on_lost=self._lost,
                              on_link=lambda epoch, why, m, hop: self.planner.link_down(epoch, why,
-                                                                                       self.planner.into(m, hop)))
+                                                                                       self.planner.into(m, hop)),
+                             on_quiet=lambda epoch, m, seconds: self.planner.quiet(epoch, m, seconds),
+                             on_suspect=lambda m: self.nursery.start_soon(self.planner.prepare, m))
         size = ModelSize.of(checkpoint.read_config(self.model_dir), self.source.tensor_shapes())
         target = Target(self.source.spec, self.model_dir, self.source, self.config, self.fingerprint, self.dtype,
                         self.quant, self.device, size, opts.max_context or size.default_context(), opts.graphs,
@@ -130,12 +133,19 @@ class Host(PassEngine):
     async def replan(self) -> None:
         await self.planner.replan(self.port)
 
-    async def recover(self, failed_epoch: int) -> None:
-        await self.planner.recover(self.port, failed_epoch)
+    async def recover(self, failed_epoch: int, judged: bool = False) -> None:
+        await self.planner.recover(self.port, failed_epoch, judged=judged)
 
     def _joined(self) -> None:
         if self.auto_replan:
-            self.nursery.start_soon(self.planner.replan_logged, self.port)
+            self.nursery.start_soon(self._plan_in)
+
+    async def _plan_in(self) -> None:
+        """A member joined: re-plan, but not within JOIN_SETTLE_S of the last plan. A join is no emergency, and every
+        re-plan replays each conversation: a member paused just past its limit, back while the conversations it
+        held up replay, waits for them to have their rounds rather than making them replay again."""
+        await trio.sleep_until(self.planner.planned_at + JOIN_SETTLE_S)
+        await self.planner.replan_logged(self.port)
 
     def _watch_speeds(self, host_ms: float, trace: list, positions: int) -> None:
         """Each stage's share of a pass, for the drift watch (peers/plan/drift.py) and the check of the figures
@@ -206,7 +216,7 @@ class Host(PassEngine):
 
     async def _recover_logged(self, epoch: int) -> None:
         try:
-            await self.recover(epoch)
+            await self.recover(epoch, judged=True)
         except RingError as e:
             log.error("re-wiring failed: %s", e)
 

@@ -15,7 +15,7 @@ from peers.compute import device
 from peers.wire import schema as validate, codec as wire
 from peers.links.channel import Channel, ChannelClosed
 from peers.links.liveness import watched
-from peers.base.errors import MemberLeft, RingError
+from peers.base.errors import ConversationLost, MemberLeft, RingError
 from peers.base.stalls import STALLS
 
 
@@ -73,7 +73,7 @@ class ReturnLink:
         if reply["t"] == "fail":
             if reply.get("oom"):
                 self.host.roster.out_of_memory(reply.get("member"), str(reply.get("error")))
-            raise RingError(str(reply.get("error")))
+            raise (ConversationLost if reply.get("lost") else RingError)(str(reply.get("error")))
         return reply
 
     async def _send(self, frame: dict) -> None:

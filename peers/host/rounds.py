@@ -14,7 +14,7 @@ import torch
 import trio
 
 from peers.base.dtypes import DTYPES
-from peers.base.errors import MemberLeft, RingError
+from peers.base.errors import ConversationLost, MemberLeft, RingError
 from peers.compute import device
 from peers.host.batcher import Replay, Round
 from peers.host.session import RingSession
@@ -187,7 +187,8 @@ class PassEngine:
                 r.result = (None, timing)
             elif r.result is None:
                 r.s.lost()
-                r.error = RingError(str(failed.get(r.s.sid) or "a member left this conversation out of the pass"))
+                why = failed.get(r.s.sid) or "a member left this conversation out of the pass"
+                r.error = ConversationLost(str(why))
 
     async def _long(self, s: RingSession, tokens: list[int], drafts: list[int],
                     sent: trio.Event | None, parents: list[int] | None) -> tuple[torch.Tensor, dict]:
@@ -217,7 +218,7 @@ class PassEngine:
                 raise
             if out is None:
                 s.lost()
-                raise RingError(str(failed.get(s.sid) or "a member left this conversation out of the pass"))
+                raise ConversationLost(str(failed.get(s.sid) or "a member left this conversation out of the pass"))
             if h is None:
                 h = out
             elif out.data_ptr() != place.data_ptr():  # the host alone, or another dtype came back

@@ -80,6 +80,7 @@ class Channel:
         self.closed = False
         self.arrivals = Arrivals()  # between_bytes: the gaps between what came, for the silence that means death
         self.excused = lambda: False  # between_bytes: True while this side's silence is not the link's fault
+        self.reading_since: float | None = None  # when recv began waiting (None: nobody is reading)
         tune(stream)
 
     async def send(self, msg: dict, timeout: float | None = None) -> None:
@@ -113,6 +114,20 @@ class Channel:
         floor = limit = math.inf if limit is None else limit
         dec = self.decoder
         dec.into = into
+        self.reading_since = time.monotonic()
+        try:
+            return await self._recv(limit, floor, dec)
+        finally:
+            self.reading_since = None
+
+    def silent_for(self) -> float:
+        """How long its reader has waited without a byte: 0 while nobody reads (a reader that stopped to compute
+        what came is no silence of the link's)."""
+        if self.reading_since is None:
+            return 0.0
+        return time.monotonic() - max(self.reading_since, self.arrivals.last)
+
+    async def _recv(self, limit: float, floor: float, dec) -> dict:
         while True:
             if self.between_bytes:
                 limit = self.arrivals.limit(floor)

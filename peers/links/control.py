@@ -24,8 +24,8 @@ from peers.wire.codec import WireError
 # what one side may receive from the other, by the state of the link
 RECEIVES = {
     ("host", "joining"): {"offer"},
-    ("host", "joined"): {"progress", "ready", "fail", "pong", "bye", "link"},
-    ("member", "joined"): {"assign", "ping", "drop", "bye"},
+    ("host", "joined"): {"progress", "ready", "fail", "pong", "bye", "link", "quiet"},
+    ("member", "joined"): {"assign", "ping", "drop", "bye", "warm"},
 }
 AFTER = {"offer": "joined", "bye": "closed"}  # the messages that move the link on; the others leave it as it is
 

@@ -4,17 +4,24 @@ writer sends a keepalive frame whenever it has sent nothing for KEEPALIVE_S, and
 something at least that often, takes silent_s() (2.5 s) without a byte as the link's death, and says so (the
 member at that end tells the host, which re-wires the ring): a frame that went into such a link is not waited for
 until the pass timeout. The silence is counted between bytes, not per frame: a large frame on a slow link is
-progress."""
+progress.
+
+Silence alone cannot tell a dead link from a stopped or starved process at its other end, hence the 2.5 s. The
+host can: it hears every member. So a reader also says when its link has been silent for QUIET_S (three
+keepalives missed), and the host takes that for the link's death at once where the member writing into it still
+answers its pings (peers/plan/planner.py): both ends running, nothing coming through."""
 from __future__ import annotations
 
 import os
 
 import trio
 
+from peers.base.stalls import STALLS
 from peers.links.channel import Channel
 
 KEEPALIVE_S = 0.5
 KEEPALIVE = {"t": "ka"}  # read and dropped by the link's reader; never passed on
+QUIET_S = 1.5
 
 
 def silent_s() -> float:
@@ -47,3 +54,14 @@ async def keep_alive(ch: Channel, task_status=trio.TASK_STATUS_IGNORED) -> None:
             await ch.send(KEEPALIVE)
         except Exception:  # (a closed link: whoever else uses it finds out and says so)
             return
+
+
+async def say_quiet(ch: Channel, say) -> None:
+    """A ring link's reading end: `await say(seconds)` once it has waited QUIET_S without a byte, and again every
+    KEEPALIVE_S while that lasts; never for silence across this process's own stall."""
+    while not ch.closed:
+        await trio.sleep(0.1)
+        s = ch.silent_for()
+        if s >= QUIET_S and ch.kept_alive and not STALLS.within(s):
+            await say(s)
+            await trio.sleep(KEEPALIVE_S)

@@ -14,6 +14,7 @@ import math
 import time
 from collections import deque
 from contextlib import asynccontextmanager
+from functools import partial
 
 import torch
 import trio
@@ -23,7 +24,7 @@ from peers.compute import device, kv
 from peers.wire import tensors, schema as validate, codec as wire
 from peers.links.auth import AuthError, server_handshake
 from peers.links.channel import Channel, ChannelClosed, idle_s
-from peers.links.liveness import watched
+from peers.links.liveness import say_quiet, watched
 from peers.compute.memory import injected_failure, injected_slowness, is_oom, oom_line
 from peers.compute.runtime import RUNTIME, Pinned
 from peers.compute.shard import Shard
@@ -75,6 +76,7 @@ class DataPlane:
             error = None
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_ahead, ch, queued)
+                nursery.start_soon(say_quiet, ch, partial(self.peer.quiet, epoch, "prev hop"))
                 try:
                     await self._take(frames)
                 except Exception as e:  # (raised below, outside the nursery: as itself, not in a group)
@@ -183,7 +185,8 @@ class DataPlane:
                 passes.append((s, seg["committed"], x[:, a:b], seg.get("parents"), seg.get("keep")))
             kept.append(seg)
         if not kept:  # (its conversations ended, too: the pass that sent it still waits for the reply)
-            return await self._fail(msg, "; ".join(failed.values()) or "its conversations ended", warn=bool(failed))
+            return await self._fail(msg, "; ".join(failed.values()) or "its conversations ended", warn=bool(failed),
+                                    lost=bool(failed))
         try:
             self.computing = (msg["seq"], time.monotonic())  # what its pongs say meanwhile: a long pass is progress
             (msg["x"], msg["raw"]), ms = await trio.to_thread.run_sync(RUNTIME.call, shard.device, self._compute,
@@ -236,11 +239,14 @@ class DataPlane:
         ms = (time.perf_counter() - t0) * 1e3
         return out, ms
 
-    async def _fail(self, msg: dict, error: str, oom: bool = False, warn: bool = True) -> None:
+    async def _fail(self, msg: dict, error: str, oom: bool = False, warn: bool = True, lost: bool = False) -> None:
+        """The frame's failure on round the ring to the host. `lost`: only its conversations' caches here are gone
+        (the host replays them; the ring is whole)."""
         if warn:
             log.warning("%s", error)
         await self._send_next({"t": "fail", "epoch": msg.get("epoch"), "sid": msg.get("sid"), "seq": msg.get("seq"),
-                               "error": error, **({"oom": True, "member": self.peer.member_id} if oom else {})})
+                               "error": error, **({"oom": True, "member": self.peer.member_id} if oom else {}),
+                               **({"lost": True} if lost else {})})
 
     async def _send_next(self, msg: dict) -> None:
         """On to the next hop; while an assign loads and wires it (or before the first), a frame waits for it

@@ -29,6 +29,7 @@ from peers.base.limits import CONVERSATIONS
 from peers.base.span import Span
 from peers.base.stalls import STALLS
 from peers.compute.loading import Kept
+from peers.compute.spares import Spares
 from peers.compute.shard import Shard
 from peers.links.tls import Endpoint as TLSEndpoint
 from peers.models.fingerprint import config_fingerprint
@@ -70,6 +71,9 @@ class Peer:
         self.tls_pin = opts.tls_pin  # the host's certificate fingerprint from the invite: the ring uses TLS
         self.tls = TLSEndpoint(bool(opts.tls_pin), f"peer-{opts.name}")
         self.shard: Shard | None = None
+        # layers earlier plans gave it, kept (peers/compute/spares.py) within what it offers beyond its span
+        self.spares = Spares(self.device, lambda: None if self.offer_gb is None else int(self.offer_gb * 2**30) - (
+            self.shard.bytes() if self.shard is not None else 0))
         self.shard_dir = None
         self.epoch = -1
         self.data = DataPlane(self)  # the passes (peers/member/passes.py)
@@ -159,6 +163,17 @@ class Peer:
         except ChannelClosed:
             pass
 
+    async def quiet(self, epoch: int | None, hop: str, seconds: float) -> None:
+        """Tell the host a data link of plan `epoch` has been silent here for `seconds`: it judges whether that is
+        the link (the member writing into it answers its pings) or that member (it does not: its heartbeat says)."""
+        if self.ctl is None or epoch is None or self.host_silent():
+            return
+        try:
+            with trio.move_on_after(1):
+                await self.ctl.send({"t": "quiet", "epoch": epoch, "hop": hop, "s": round(seconds, 2)})
+        except ChannelClosed:
+            pass
+
     async def leave(self) -> None:
         """Tell the host this member leaves (its user stopped it): it re-plans without calling it a loss."""
         if self.ctl is not None:
@@ -184,11 +199,26 @@ class Peer:
             self.data.drop(str(msg.get("sid")))
             self._changed(sessions=len(self.data.sessions))
 
+        async def warm(msg: dict) -> None:
+            nursery.start_soon(self._warm, msg)
+
         try:
-            await ControlLink(ctl, "member").follow({"ping": ping, "assign": assign, "drop": drop})
+            await ControlLink(ctl, "member").follow({"ping": ping, "assign": assign, "drop": drop, "warm": warm})
         except wire.WireError as e:
             return await ctl.error(str(e))
         log.info("the host closed the ring")
+
+    async def _warm(self, msg: dict) -> None:
+        """The host expects a plan that gives this member the layers start..end (another member went silent): those
+        it lacks loaded as spares now (peers/compute/spares.py). Nothing is lost if it cannot."""
+        shard = self.shard
+        if shard is None or not all(isinstance(msg.get(k), int) for k in ("start", "end")):
+            return
+        try:
+            span = Span(msg["start"], msg["end"], shard.span.n_layers)
+            await self.spares.warm(span, shard.held(), shard.loaded_as, shard.config)
+        except Exception as e:  # noqa: BLE001 - (the re-plan loads what is missing, as ever)
+            log.debug("warming up layers %s-%s failed: %s", msg["start"], msg["end"], e)
 
     async def _take_assignment(self, ctl: Channel, msg: dict) -> None:
         async with self.assign_lock:
@@ -285,8 +315,10 @@ class Peer:
         if not same:
             await self._fetch(source, span, ctl)  # what this span lacks; the old span serves until it is here
             kept = None
+            await self.spares.settled()
             if shard is not None:
                 kept = shard.keep(span, embed=False, head=False)  # its layers the new span has: not read again
+                kept = self.spares.trade(kept, shard.held(), span)  # (and what it took back from the spares)
                 shard.close()
             self.shard = shard = None  # free the rest of the old span (and its caches) before loading the new one
             self.data.sessions.clear()

@@ -18,10 +18,11 @@ import trio
 from peers.models import hub, source as models
 from peers.links import dial as links
 from peers.links.auth import AuthError, client_handshake
-from peers.links.liveness import keep_alive
+from peers.links.liveness import KEEPALIVE_S, keep_alive
 from peers.links.channel import Channel, ChannelClosed
 from peers.wire.codec import WireError
 from peers.base.errors import FitError, ModelError, RingError
+from peers.base.stalls import STALLS
 from peers.plan.roster import Member, Roster
 from peers.plan.calibration import HOST, Calibration
 from peers.plan.drift import Drift
@@ -33,12 +34,16 @@ from peers.compute.cpu_quant import follow
 from peers.plan.layers import (QUANT_BYTES, ModelSize, Offer, covers, host_bytes, plan, planned_bytes, predicted_ms,
                                scale)
 from peers.compute.shard import Shard
+from peers.compute.spares import Spares
 from peers.base.dtypes import DTYPES
 from peers.base.span import Span
 from peers.links.tls import Endpoint as TLSEndpoint
 
 log = logging.getLogger("sfchat.host")
 LINK_GRACE_S = 0.3  # a broken link is judged this long after it is told: a member's bye or loss comes first
+# a writer that answered a ping sent this long after its link went silent ran when its next keepalive was due
+# (KEEPALIVE_S), with a margin for the keepalive's way
+HEARD_AFTER_S = KEEPALIVE_S + 0.25
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class Planner:
         self.bars = True  # download bars on the terminal (not under a screen that shows the ring)
         self.left_out: list[str] = []  # why members were left out since the last plan that held, for a FitError
         self.planned = 0  # the last epoch handed out (a failed try's too)
+        self.planned_at = -math.inf  # when the last plan was wired (trio's clock)
         self.why = ""  # why the last re-plan failed: the ring answers nothing until one succeeds
         self.host_ms = math.nan  # the host's own measured ms per reference layer (peers/compute/speed.py)
         self.host_share = 0.0  # its part of the predicted time per token
@@ -91,6 +97,9 @@ class Planner:
         self.on_broken = lambda epoch: None  # the host's recovery
         self.faults: Counter[str] = Counter()  # by kind (member_lost, link_broken, replan_failed), for /metrics
         self.holds = Holds()  # members that broke twice within a minute: no layers for a while (peers/plan/holds.py)
+        # layers earlier plans gave the host, kept (peers/compute/spares.py) within what it offers beyond its plan
+        self.spares = Spares(target.device, lambda: None if self.offer_gb is None
+                             else self.host_offer() - self.host_planned)
         self.on_hold = lambda m, seconds: None  # the host's: a member was just held out for `seconds`
 
     def host_offer(self) -> int:
@@ -141,6 +150,45 @@ class Planner:
             return
         if self.nursery is not None:
             self.nursery.start_soon(self._break, epoch, why, into)
+
+    def quiet(self, epoch: int, m: Member, seconds: float) -> None:
+        """Member `m`'s link from the stage before it has been silent for `seconds` (peers/links/liveness.py): that
+        link is dead if its writer ran all along, the host itself (not stalled meanwhile) or a member that answered
+        a ping the host sent after the writer's next keepalive was due (the ping's time, not the pong's: a pong
+        read late says nothing of when its member ran); a writer not heard from since is its heartbeat's to judge
+        (stopped, not cut off)."""
+        if epoch != self.epoch or m not in self.ring or STALLS.within(seconds):
+            return
+        i = self.ring.index(m)
+        writer = self.ring[i - 1] if i else None
+        silent_since = time.monotonic() - seconds
+        if writer is not None and (writer.state != "ready" or writer.answered - silent_since < HEARD_AFTER_S):
+            return
+        who = "the host" if writer is None else f"member {writer.id} ({writer.name})"
+        self.link_down(epoch, f"member {m.id} ({m.name}): its prev hop link has been silent for {seconds:.1f} s "
+                              f"while {who} runs", m)
+
+    async def prepare(self, m: Member) -> None:
+        """Member `m`, holding layers, has gone silent: the host and each member load as spares what a plan without
+        it would give them (peers/compute/spares.py), so its loss, if it comes, reads nothing. The ring waits on
+        it meanwhile: its cores are free."""
+        if m not in self.ring or self.gate.replanning or self.shard is None:
+            return
+        live = [x for x in self.roster.live() if x is not m]
+        try:
+            spans = self._plan(live)
+        except FitError:
+            return
+        log.debug("member %d (%s) is silent: the others warm up (%s)", m.id, m.name, ", ".join(
+            f"{getattr(x, 'name', x)} {s}" for x, s in zip(["host"] + live, spans) if s.size))
+        for x, s in zip(live, spans[1:]):
+            if s.size and x.state == "ready":
+                await self.roster.tell([x], {"t": "warm", "start": s.start, "end": s.end}, timeout=1)
+        shard = self.shard
+        try:
+            await self.spares.warm(spans[0], shard.held(), shard.loaded_as, self.target.config)
+        except Exception as e:  # noqa: BLE001 - (the re-plan loads what is missing, as ever)
+            log.debug("warming up layers %s failed: %s", spans[0], e)
 
     def fault(self, m: Member) -> None:
         """Member `m` was lost, or the link into it broke: held out for a while if that is twice within a minute."""
@@ -252,7 +300,7 @@ class Planner:
         if (unreachable := await self._wire_first_hop(ring, epoch)) is not None:
             self._leave_out([unreachable])
             return False
-        self.ring, self.epoch = ring, epoch
+        self.ring, self.epoch, self.planned_at = ring, epoch, trio.current_time()
         self.drift.reset()  # new spans, new neighbours: new baselines
         k = scale(t.size)
         self.calibration.planned({HOST: (spans[0].size, self.host_ms * k)} | {
@@ -316,8 +364,10 @@ class Planner:
         if self.shard is not None and self.shard.span == span:
             return
         kept = None
+        await self.spares.settled()
         if self.shard is not None:
             kept = self.shard.keep(span, embed=True, head=True)  # what the new span has: not read again
+            kept = self.spares.trade(kept, self.shard.held(), span)  # (and what it took back from the spares)
             self.shard.close()
         self.shard = None  # free the rest of the old span before loading the new one
         give_back(t.device)
@@ -415,12 +465,14 @@ class Planner:
             self.faults["replan_failed"] += 1
             log.error("re-plan failed: %s", e)
 
-    async def recover(self, host_port: int, failed_epoch: int, attempts: int = 5) -> None:
+    async def recover(self, host_port: int, failed_epoch: int, attempts: int = 5, judged: bool = False) -> None:
         """After a pass under `failed_epoch` failed: re-plan over the members still alive (the host takes what is
         left, as memory allows); each session then replays its committed tokens in one prefill on its next pass.
-        Every conversation in flight sees the failure; the first to get here re-plans for all of them."""
+        Every conversation in flight sees the failure; the first to get here re-plans for all of them. A moment
+        first, for a loss behind the failure to be heard, unless the fault is `judged` already (a broken link,
+        after its grace)."""
         for i in range(attempts):
-            await trio.sleep(0.2 * (i + 1))
+            await trio.sleep(0.2 * (i if judged else i + 1))
             try:
                 return await self.replan(host_port, unless_past=failed_epoch)
             except FitError:  # the members left cannot hold the model: no retry helps

@@ -23,6 +23,7 @@ from peers.base.stalls import STALLS
 
 log = logging.getLogger("sfchat.host")
 CHECK_S = 0.1  # how often the heartbeat looks for a member silent past its limit
+SUSPECT = 0.5  # silent for this share of its limit: likely lost, and the others prepare (peers/compute/spares.py)
 
 
 
@@ -57,6 +58,8 @@ class Member:
     download: dict | None = None  # while it fetches its layers' files: {"file", "done", "total"} in bytes
     rss_before: int = 0  # before it loaded its span: rss - rss_before is what the span costs
     last_seen: float = field(default_factory=time.monotonic)
+    suspected: bool = False  # silent for SUSPECT of its limit since it was last heard (the others warm up)
+    answered: float = -math.inf  # when the host sent the latest ping it answered: it ran after that (monotonic)
     rtts: deque = field(default_factory=lambda: deque(maxlen=100))  # its last pongs' round trips, in seconds
     computing: int | None = None  # the seq of the frame it computes, as of its last pong (a long pass: progress)
     ready: trio.Event = field(default_factory=trio.Event)
@@ -106,10 +109,13 @@ class Roster:
     when a member is lost."""
 
     def __init__(self, *, tls: bool, heartbeat_s: float, dead_after_s: float, on_change, on_join,
-                 on_lost=lambda m: None, on_link=lambda epoch, why, m, hop: None):
+                 on_lost=lambda m: None, on_link=lambda epoch, why, m, hop: None,
+                 on_quiet=lambda epoch, m, seconds: None, on_suspect=lambda m: None):
         self.tls, self.heartbeat_s, self.dead_after_s = tls, heartbeat_s, dead_after_s
         self.on_change, self.on_join, self.on_lost = on_change, on_join, on_lost
         self.on_link = on_link  # (epoch, why, member, hop): a member says its link of that plan broke
+        self.on_quiet = on_quiet  # (epoch, member, seconds): a member says its link of that plan went silent
+        self.on_suspect = on_suspect  # (member): silent for SUSPECT of its limit, likely lost soon
         self.members: list[Member] = []
         self.ids = itertools.count(1)
         self.joined = trio.Condition()
@@ -161,7 +167,8 @@ class Roster:
             await ch.send({"t": "ping", "n": time.perf_counter()})  # its round trip, for the plan that comes next
             await link.follow({t: partial(self._heard, m, handle)
                                for t, handle in (("pong", _pong), ("ready", _ready), ("progress", _progress),
-                                                 ("fail", _fail), ("bye", _bye), ("link", self._link))})
+                                                 ("fail", _fail), ("bye", _bye), ("link", self._link),
+                                                 ("quiet", self._quiet))})
         except ChannelClosed as e:  # the reason a pass waiting on this member reports
             m.error = m.error or str(e).removeprefix(f"{ch.name}: ") or "its connection closed"
             raise
@@ -180,7 +187,7 @@ class Roster:
                 self.on_lost(m)
 
     async def _heard(self, m: Member, handle, msg: dict) -> None:
-        m.last_seen = time.monotonic()
+        m.last_seen, m.suspected = time.monotonic(), False
         handle(m, msg)
         self.on_change()
         if m.leaving:  # it waits for the host to hang up, so its failure is read before its link closes
@@ -191,6 +198,11 @@ class Roster:
             hop = str(msg.get("hop"))[:20]
             self.on_link(msg["epoch"], f"member {m.id} ({m.name}): its {hop} link broke: "
                                        f"{str(msg.get('error'))[:300]}", m, hop)
+
+    def _quiet(self, m: Member, msg: dict) -> None:
+        epoch, seconds = msg.get("epoch"), msg.get("s")
+        if isinstance(epoch, int) and isinstance(seconds, (int, float)) and msg.get("hop") == "prev hop":
+            self.on_quiet(epoch, m, float(seconds))
 
     async def heartbeat(self) -> None:
         """Ping every member; one silent for dead_after_s (killed, stopped, cut off) is declared lost.
@@ -214,6 +226,9 @@ class Roster:
                 if now - m.last_seen > m.silent_limit(self.dead_after_s):
                     await self.lose(m, f"no heartbeat for {now - m.last_seen:.1f} s")
                     continue
+                if now - m.last_seen > SUSPECT * m.silent_limit(self.dead_after_s) and not m.suspected:
+                    m.suspected = True
+                    self.on_suspect(m)
                 try:
                     if ping:
                         await m.ctl.send({"t": "ping", "n": time.perf_counter()})
@@ -254,6 +269,7 @@ def _pong(m: Member, msg: dict) -> None:
     if isinstance(msg.get("n"), float):  # our own perf_counter from the ping
         m.rtt_ms = (time.perf_counter() - msg["n"]) * 1e3
         m.rtts.append(m.rtt_ms / 1e3)
+        m.answered = max(m.answered, time.monotonic() - m.rtt_ms / 1e3)
         m.computing = msg.get("computing") if isinstance(msg.get("computing"), int) else None
         m.sessions = int(msg.get("sessions") or 0)
         m.frames = int(msg.get("frames") or 0)

@@ -21,7 +21,7 @@ import trio
 
 from peers.speculation.adaptive import KPolicy
 from peers.speculation.drafting import Drafter
-from peers.base.errors import MemberLeft
+from peers.base.errors import ConversationLost, MemberLeft
 from peers.host.host import Host, RingError, RingSession
 from peers.speculation.in_flight import Flight
 from peers.speculation.logprobs import TokenLogprob, token_logprobs
@@ -108,8 +108,13 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
     speculation = Speculation(host, rs, drafter, params, policy, eos, overlap)
     stats, rounds, start, logprobs = RunningStats(), [], len(tokens), []
     finish, retries, plain = "length", 0, False
+    failed_at = None  # when a pass of this answer failed, until its next round (the debug log says how long)
 
     def report(r: RoundStats, new: list[int], lps: list[TokenLogprob] = ()) -> None:
+        nonlocal failed_at
+        if failed_at is not None:
+            log.debug("%s: a round again %.2f s after its pass failed", rs.sid[:8], time.monotonic() - failed_at)
+            failed_at = None
         stats.add(r)
         rounds.append(r.to_dict())
         logprobs.extend(lps)
@@ -141,12 +146,16 @@ async def answer_rounds(host: Host, rs: RingSession, tokens: list[int], *, draft
             retries += 1
             if retries > max_retries:
                 raise
+            if on_round is not None:
+                on_round({"event": "recovering", "error": str(failure)})
+            failed_at = failed_at or time.monotonic()
+            if isinstance(failure, ConversationLost):  # this conversation's caches only: it replays, alone
+                log.info("%s; replaying this conversation", failure)
+                continue
             if isinstance(failure, MemberLeft):  # a departure, not a failure
                 log.info("%s; re-planning and replaying", failure)
             else:
                 log.warning("ring pass failed (%s); re-planning and replaying", failure)
-            if on_round is not None:
-                on_round({"event": "recovering", "error": str(failure)})
             await host.recover(epoch)
             continue
         retries = 0

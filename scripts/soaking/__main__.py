@@ -46,7 +46,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                          "to the end")
     ap.add_argument("--workdir", type=Path, help="logs and soak.json (default: a new temporary folder)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("serve_args", nargs="*", help="after --: more flags for `sfchat serve` (--draft ngram, say)")
+    ap.add_argument("serve_args", nargs="*", help="after --: more flags for `sfchat serve` (--draft ngram, say; -v: the "
+                                                       "host's debug log)")
     return ap.parse_args(argv)
 
 

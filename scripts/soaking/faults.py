@@ -36,7 +36,7 @@ class Faults:
     def _begin(self, kind: str) -> list:
         window = [time.monotonic(), None]
         self.windows.append(window)
-        self.tally.faults.append((kind, window[0]))
+        self.tally.faults.append((kind, window[0], time.time()))
         return window
 
     async def _recovered(self, window: list) -> None:

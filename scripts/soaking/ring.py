@@ -120,7 +120,10 @@ class Ring:
                    SFCHAT_LINK_IDLE_S=str(link_idle_s), SFCHAT_CPU_DTYPE="float32", SFCHAT_CPU_QUANT="none",
                    SFCHAT_HOLD_S="1", PYTHONFAULTHANDLER="1")
         py = [sys.executable, "-m", "sfchat"]
-        self.host = Proc("host", [*py, "serve", "--model", model, "--http-listen", f"127.0.0.1:{self.http_port}",
+        verbose = [a for a in serve_args if a in ("-v", "--verbose")]  # sfchat's own flag: before the command
+        serve_args = [a for a in serve_args if a not in verbose]
+        self.host = Proc("host", [*py, *verbose, "serve", "--model", model,
+                                  "--http-listen", f"127.0.0.1:{self.http_port}",
                                   "--ring-listen", f"127.0.0.1:{self.ring_port}", "--token", token,
                                   "--api-key", key, "--wait-peers", str(peers), "--max-conversations", str(clients),
                                   "--keep-alive-s", "1", *serve_args], env, workdir / "host.log")

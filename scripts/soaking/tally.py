@@ -4,6 +4,7 @@ from __future__ import annotations
 import bisect
 import json
 import statistics
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -23,7 +24,7 @@ class Tally:
     cut: int = 0  # links cut at the relay (closed or blackholed)
     replans: int = 0
     idled: int = 0  # idle spells past the ring's timeouts
-    faults: list = field(default_factory=list)  # (kind, when) of each fault
+    faults: list = field(default_factory=list)  # (kind, when, wall clock) of each fault
     token_times: list = field(default_factory=list)  # when each piece of streamed text arrived
     # bad input
     frames: int = 0
@@ -54,13 +55,16 @@ class Tally:
 
     def fault_to_token(self) -> dict:
         """Per kind of fault: seconds from it to the next piece of text any client received (p50, p99, max)."""
-        times, out = sorted(self.token_times), {}
-        for kind, at in self.faults:
+        times, out, slow = sorted(self.token_times), {}, {}
+        for kind, at, wall in self.faults:
             i = bisect.bisect_right(times, at)
             if i < len(times):
                 out.setdefault(kind, []).append(times[i] - at)
+                when = time.strftime("%H:%M:%S", time.gmtime(wall))
+                slow.setdefault(kind, []).append((round(times[i] - at, 2), when))
         return {k: {"n": len(xs), "p50_s": round(statistics.median(xs), 2),
-                    "p99_s": round(sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))], 2), "max_s": round(max(xs), 2)}
+                    "p99_s": round(sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))], 2), "max_s": round(max(xs), 2),
+                    "slowest_utc": sorted(slow[k], reverse=True)[:3]}  # to find them in the logs
                 for k, xs in sorted(out.items())}
 
     def summary(self, rss_bound_mb: float) -> dict:

@@ -110,3 +110,31 @@ def test_a_member_stopped_for_two_seconds_in_a_long_prefill_is_not_planned_out(t
             return r.token_ids
 
     assert trio.run(main) == reference_ids(model, prompt, 4)
+
+
+def test_a_member_back_right_after_its_loss_is_planned_in_a_moment_later(tiny_llama):
+    """Paused just past its limit, a member is lost, and joins again while the conversations it held up replay:
+    its re-plan (another replay for each) waits until JOIN_SETTLE_S after the one for its loss."""
+    from peers.host.host import JOIN_SETTLE_S
+
+    async def main():
+        async with running_ring(tiny_llama, 2) as (host, lp):
+            host.auto_replan = True
+            await trio.sleep(1.5)  # a few pongs
+            victim, epoch = host.ring[0], host.epoch
+            names = [local_name(i) for i in range(len(lp.procs))]
+            proc = lp.procs[names.index(victim.name)]
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                with trio.fail_after(10):
+                    while host.epoch == epoch:
+                        await trio.sleep(0.01)
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            lost_at, epoch = host.planner.planned_at, host.epoch
+            with trio.fail_after(20):
+                while not any(m.name == victim.name and m.state == "ready" for m in host.ring):
+                    await trio.sleep(0.01)
+            return host.planner.planned_at - lost_at
+
+    assert trio.run(main) >= JOIN_SETTLE_S

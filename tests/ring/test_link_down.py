@@ -3,6 +3,7 @@ passes of that plan at once and re-wires the ring (everyone alive: the same span
 goes on within seconds, not at the 60-s pass timeout, and stays exact. The members are real processes whose links
 all go through a relay in this process, which cuts the one between them."""
 import time
+from functools import partial
 
 import trio
 
@@ -17,13 +18,13 @@ PROMPT = "the quick brown fox jumps over the lazy dog"
 N = 30
 
 
-async def answer_with_a_cut(model, cut, at_round=4):
+async def answer_with_a_cut(model, cut, at_round=4, fresh=False):
     """The answer, the ring's spans before and after, and seconds from the cut to the next round (at_round 0: the
-    cut comes right after a re-plan, before the answer starts)."""
+    cut comes right after a re-plan, before the answer starts; `fresh`: peers started with this environment)."""
     async with trio.open_nursery() as outer:
         relay = Relay()
         addr = await outer.start(relay.serve, "127.0.0.1:0")
-        async with running_ring(model, 2, relay=addr, heartbeat_s=0.5, dead_after_s=3.0) as (host, _):
+        async with running_ring(model, 2, relay=addr, heartbeat_s=0.5, dead_after_s=3.0, fresh=fresh) as (host, _):
             spans = [(m.name, str(m.span)) for m in host.ring]
             rounds, cut_at, back = 0, None, None
 
@@ -88,4 +89,19 @@ def test_a_blackholed_link_is_found_dead_by_its_silence_and_rewired(tiny_llama):
         ids, spans, after, back = trio.run(answer_with_a_cut, tiny_llama, cut)
         assert ids == reference_ids(tiny_llama, PROMPT, N)
         assert after == spans, "everyone was alive: the same spans"
+        assert back is not None and back < 6, f"{cut.__name__}: the first pass after the cut came back in {back} s"
+
+
+def test_a_blackholed_link_between_running_ends_is_judged_dead_by_the_host_in_seconds(tiny_llama, monkeypatch, caplog):
+    """Silence cannot tell a cut link from a stopped writer, so a reader's own limit stays long (set to 30 s here);
+    but its member says after 1.5 s, and the host, which hears the writer (itself, or the member before) answer
+    its pings meanwhile, takes that for the link's death and re-wires (peers/links/liveness.py)."""
+    monkeypatch.setenv("SFCHAT_LINK_SILENT_S", "30")
+    for cut in (blackholed_between_members, blackholed_to_the_first_member):
+        caplog.clear()
+        ids, spans, after, back = trio.run(partial(answer_with_a_cut, fresh=True), tiny_llama, cut)
+        assert ids == reference_ids(tiny_llama, PROMPT, N)
+        assert after == spans, "everyone was alive: the same spans"
+        judged = [r.getMessage() for r in caplog.records if "link has been silent for" in r.getMessage()]
+        assert judged, f"{cut.__name__}: not judged by the host (back after {back} s)"
         assert back is not None and back < 6, f"{cut.__name__}: the first pass after the cut came back in {back} s"
