@@ -6,8 +6,8 @@ A member gone silent is usually lost 2.5 s later; meanwhile the ring waits on it
 So the host has each of them warm up: load as spares, beforehand, the layers a plan without that member would give
 it (peers/plan/planner.py). A member heard again leaves the spares for another time.
 
-Only on a CPU, within a quarter of the RAM available and within what the process offers the ring (--offer-gb)
-beyond what its plan holds: there memory is rarely what bounds a stage. A GPU's memory is the plan's to fill
+Only on a CPU, no more than the layers the process holds itself, within a quarter of the RAM available and within
+what it offers the ring (--offer-gb) beyond its plan: there memory is rarely what bounds a stage. A GPU's memory is the plan's to fill
 (weights, then the KV arena), so nothing is kept there."""
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class Spares:
             for i, layer in zip(range(part.start, part.end), parts.layers):
                 if i not in have:
                     self.layers[i] = layer
-            self._trim()
+            self._trim(span.size)
 
     def trade(self, kept: Kept | None, old: dict[int, torch.nn.Module], span: Span) -> Kept | None:
         """A re-plan to `span`: the old span's layers `old` that it drops become spares (memory allowing), and
@@ -71,12 +71,14 @@ class Spares:
                 self.layers[i] = layer
         for i in [i for i in self.layers if span.start <= i < span.end]:
             kept.layers.setdefault(i, self.layers.pop(i))
-        self._trim()
+        self._trim(span.size)
         return kept
 
-    def _trim(self) -> None:
-        """Within 1/SHARE of the memory available (counting what the spares hold) and the room the offer leaves: the
-        last layers go first."""
+    def _trim(self, own: int) -> None:
+        """No more layers than the `own` the process holds, within 1/SHARE of the memory available (counting what
+        the spares hold) and the room the offer leaves: the last layers go first."""
+        for i in sorted(self.layers, reverse=True)[:max(len(self.layers) - own, 0)]:
+            del self.layers[i]
         sizes = {i: module_bytes(layer) for i, layer in self.layers.items()}
         budget = (free_bytes("cpu") + sum(sizes.values())) // SHARE
         if (room := self.room()) is not None:

@@ -233,7 +233,8 @@ class Host(PassEngine):
                 "graphs": self.shard.graphs.captured if self.shard and self.shard.graphs else 0,
                 "planned_bytes": self.planner.host_planned,
                 "ms_per_layer": None if self.planner.host_ms != self.planner.host_ms else round(self.planner.host_ms, 3),
-                "share": round(self.planner.host_share, 3), "spare": False, "held_s": 0.0}
+                "share": round(self.planner.host_share, 3), "spare": False, "held_s": 0.0,
+                "spare_layers_bytes": self.planner.spares.bytes}
         return [host] + [self._held_info(m.info(), m) for m in self.members]
 
     def _held_info(self, info: dict, m: Member) -> dict:

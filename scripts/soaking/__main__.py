@@ -68,7 +68,7 @@ async def soak(args, ring: Ring, relay: RelayThread, refs: dict, hidden: int, mo
     # a first answer to each prompt, before anything else: exactness on a calm ring, and the RSS baseline
     await asyncio.gather(*(client_loop(i, ring.url, KEY, model, {p: refs[p]}, args.max_tokens, 0, args.hang_s,
                                        tally, faults, once=True) for i, p in enumerate(refs)))
-    tally.rss_mb["start"] = rss_mb(ring.host.pid)
+    tally.rss_mb["start"], tally.spares_mb["start"] = rss_mb(ring.host.pid), ring.spares_mb()
     say(f"{len(refs)} first answers {'exact' if tally.exact == len(refs) else 'NOT all exact'}; host RSS "
         f"{tally.rss_mb['start']:.0f} MiB; {args.minutes:g} minutes of load, faults and fuzzing begin")
     start = time.monotonic()
@@ -76,7 +76,7 @@ async def soak(args, ring: Ring, relay: RelayThread, refs: dict, hidden: int, mo
 
     async def middle():
         await asyncio.sleep(args.minutes * 30)
-        tally.rss_mb["middle"] = rss_mb(ring.host.pid)
+        tally.rss_mb["middle"], tally.spares_mb["middle"] = rss_mb(ring.host.pid), ring.spares_mb()
 
     async def progress():
         while time.monotonic() < deadline:
@@ -100,7 +100,7 @@ async def soak(args, ring: Ring, relay: RelayThread, refs: dict, hidden: int, mo
             for t in (watch, *timers):
                 t.cancel()
     await asyncio.to_thread(ring.wait_ready, 60)
-    tally.rss_mb["end"] = rss_mb(ring.host.pid)
+    tally.rss_mb["end"], tally.spares_mb["end"] = rss_mb(ring.host.pid), ring.spares_mb()
 
 
 def main(argv: list[str]) -> int:

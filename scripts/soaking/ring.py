@@ -160,6 +160,10 @@ class Ring:
     def health(self) -> dict:
         return self.http.get("/health").json()
 
+    def spares_mb(self) -> float:
+        """What the host's spare layers hold (peers/compute/spares.py): a cache within its bound, not a leak."""
+        return self.health()["members"][0].get("spare_layers_bytes", 0) / 2**20
+
     def ready(self) -> bool:
         """Every member holds layers and is ready (or is held out for breaking twice within a minute: it is
         planned in again when its hold ends), and no re-plan is under way."""

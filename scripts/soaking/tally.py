@@ -38,6 +38,7 @@ class Tally:
     crashes: int = 0
     tracebacks: int = 0  # in the logs of the host and its members
     rss_mb: dict = field(default_factory=dict)  # host RSS: start, middle, end
+    spares_mb: dict = field(default_factory=dict)  # of which its spare layers, kept by design (a bounded cache)
     exit_codes: dict = field(default_factory=dict)  # each process's, once stopped at the end
     config: dict = field(default_factory=dict)  # how the soak was run
     notes: list = field(default_factory=list)  # one line per problem, for the report
@@ -93,7 +94,8 @@ class Tally:
             out.append(f"{self.http_improper} bad HTTP requests not answered with an OpenAI error")
         if not self.exact:
             out.append("no request answered")
-        grew = self.rss_mb.get("end", 0) - self.rss_mb.get("start", 0)
+        grew = self.rss_mb.get("end", 0) - self.rss_mb.get("start", 0) - (
+            self.spares_mb.get("end", 0) - self.spares_mb.get("start", 0))
         if grew > rss_bound_mb:
             out.append(f"host RSS grew {grew:.0f} MiB (bound {rss_bound_mb:.0f} MiB)")
         return out
@@ -106,7 +108,10 @@ class Tally:
         def p(x):
             return f"p50 {x['p50_s']} s, p99 {x['p99_s']} s ({x['n']})" if x["n"] else "none"
 
-        rss = self.rss_mb
+        rss, spares = self.rss_mb, self.spares_mb
+
+        def at(when):
+            return f"{rss.get(when, 0):.0f} MiB ({spares.get(when, 0):.0f} of spare layers)"
         rows = [
             ("requests", f"{self.sent} sent, {self.exact} answered exact, {self.wrong} answered wrong, "
                          f"errors ({errs}), {self.lost} lost"),
@@ -116,8 +121,8 @@ class Tally:
                           f"{self.connections} connections ({self.ring_held} held open), {self.http_bad} HTTP requests "
                           f"({self.http_improper} answered improperly), {self.disconnects} clients gone mid-stream"),
             ("processes", f"{self.crashes} crashes, {self.tracebacks} tracebacks in the logs"),
-            ("host", f"RSS at start {rss.get('start', 0):.0f} MiB, middle {rss.get('middle', 0):.0f} MiB, "
-                     f"end {rss.get('end', 0):.0f} MiB (bound: +{rss_bound_mb:.0f} MiB)"),
+            ("host", f"RSS at start {at('start')}, middle {at('middle')}, end {at('end')} (bound: +{rss_bound_mb:.0f} "
+                     "MiB besides the spare layers)"),
             ("latency", f"without faults {p(lat['without_faults'])}; with faults {p(lat['with_faults'])}"),
             ("fault -> next token", "; ".join(f"{k}: p50 {v['p50_s']} s, p99 {v['p99_s']} s, max {v['max_s']} s "
                                               f"({v['n']})" for k, v in s["fault_to_token"].items()) or "none"),

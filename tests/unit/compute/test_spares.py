@@ -41,6 +41,12 @@ def test_spares_of_another_quantization_are_not_used(tiny_llama):
     assert all(type(m).__name__ != "Int4Linear" for m in again.layers[2].modules())
 
 
+def test_spares_are_no_more_layers_than_the_process_holds(tiny_llama):
+    spares = Spares("cpu")
+    replan(Shard(tiny_llama, Span(0, 4, 4), embed=True, head=True, quant="int4"), spares, Span(0, 1, 4))
+    assert set(spares.layers) == {1}
+
+
 def test_nothing_is_kept_on_a_gpu_past_the_offer_or_past_its_share_of_memory(tiny_llama, monkeypatch):
     gpu = Spares("cuda:0")
     replan(Shard(tiny_llama, Span(0, 4, 4), embed=True, head=True, quant="int4"), gpu, Span(0, 2, 4))
