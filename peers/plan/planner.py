@@ -106,9 +106,10 @@ class Planner:
         """What the host offers, the embedding, head and drafter included (the plan takes them off)."""
         return int(self.offer_gb * 2**30) if self.offer_gb is not None else free_bytes(self.target.device)
 
-    def offers(self, live: list[Member], holds: bool = True) -> list[Offer]:
-        """What the host and each live member offer the plan; a member held out (`holds`) offers nothing."""
-        t, now = self.target, time.monotonic()
+    def offers(self, live: list[Member], holds: bool = True, at: float | None = None) -> list[Offer]:
+        """What the host and each live member offer the plan; a member held out (`holds`) at `at` (monotonic
+        seconds; now by default) offers nothing."""
+        t, now = self.target, time.monotonic() if at is None else at
         return [Offer("host", self.host_offer(), t.dtype, t.quant, self.host_ms,
                       cuda=str(t.device).startswith("cuda"))] + [
             Offer(f"member {m.id} ({m.name})", 0 if holds and self.holds.held(m.name, now) else m.free_bytes,
@@ -175,8 +176,11 @@ class Planner:
         if m not in self.ring or self.gate.replanning or self.shard is None:
             return
         live = [x for x in self.roster.live() if x is not m]
+        # the plan its loss would make: a member whose hold ends before then is planned in by it
+        now = time.monotonic()
+        lost_at = now + max(m.silent_limit(self.roster.dead_after_s) - (now - m.last_seen), 0.0)
         try:
-            spans = self._plan(live)
+            spans = self._plan(live, at=lost_at)
         except FitError:
             return
         log.debug("member %d (%s) is silent: the others warm up (%s)", m.id, m.name, ", ".join(
@@ -395,15 +399,15 @@ class Planner:
             return m
         return None
 
-    def _plan(self, live: list[Member]) -> list:
-        """Spans for the host and `live`, the members held out given none; where the rest cannot hold the model
-        without them, they are planned in all the same."""
+    def _plan(self, live: list[Member], at: float | None = None) -> list:
+        """Spans for the host and `live`, the members held out at `at` (now by default) given none; where the rest
+        cannot hold the model without them, they are planned in all the same."""
         t = self.target
         try:
-            return plan(t.size, self.offers(live), t.max_context, self.drafter_bytes, t.conversations, t.placement,
-                        t.serving)
+            return plan(t.size, self.offers(live, at=at), t.max_context, self.drafter_bytes, t.conversations,
+                        t.placement, t.serving)
         except FitError:
-            if self.offers(live) == self.offers(live, holds=False):
+            if self.offers(live, at=at) == self.offers(live, holds=False):
                 raise
             log.info("the ring cannot hold the model without the members held out: planned in all the same")
             return plan(t.size, self.offers(live, holds=False), t.max_context, self.drafter_bytes, t.conversations,
