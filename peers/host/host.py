@@ -200,11 +200,15 @@ class Host(PassEngine):
             self.nursery.start_soon(self.planner.replan_logged, self.port, self.epoch)
 
     def _held(self, m: Member, seconds: float) -> None:
-        """Member `m` is held out for `seconds`: where the ring re-plans by itself, it is planned in again then."""
+        """Member `m` is held out for `seconds`: where the ring re-plans by itself, it is planned in again then.
+        While a member of the ring is silent, its loss (if it comes) plans it in: that re-plan is waited for, and
+        this one made only where a plan would still move layers (each re-plan replays every conversation)."""
         async def release():
             await trio.sleep(seconds)
+            while any(x.suspected and x.state != "lost" for x in self.ring):
+                await trio.sleep(0.1)
             back = [x for x in self.roster.live() if x.name == m.name]
-            if self.auto_replan and not self.roster.closing and back:
+            if self.auto_replan and not self.roster.closing and back and self.planner.moves():
                 log.info("member %d (%s) is held out no longer: re-planning", back[0].id, back[0].name)
                 await self.planner.replan_logged(self.port)
         self.nursery.start_soon(release)

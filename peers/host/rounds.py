@@ -115,14 +115,39 @@ class PassEngine:
                         r.error = Replay()  # (inside, its chunks would wait for turns the batch itself holds up)
                 except RingError as e:
                     r.error = e
-            room = self._frame_positions()
-            while ready:
-                n, used = 0, 0
-                while n < len(ready) and (n == 0 or used + self._positions(ready[n]) <= room):
-                    used += self._positions(ready[n])
-                    n += 1
-                await self._rounds(ready[:n])
-                ready = ready[n:]
+            frames = self._frames(ready)
+            if len(frames) == 1:
+                return await self._rounds(frames[0])
+            async with trio.open_nursery() as nursery:  # all on the wire at once: each answered as it comes back
+                for frame in frames:
+                    nursery.start_soon(self._frame_alone, frame)
+
+    def _frames(self, ready: list[Round]) -> list[list[Round]]:
+        """The rounds in frames, in order: a frame's worth of positions each, but a frame that carries a fresh
+        round (a prompt, or a replay after a re-plan: every position from the first) SHARED_CHUNK at most. A
+        round's answer waits for its whole frame's pass, and after a re-plan every conversation replays at once:
+        in one frame, none would have its next token before the last of them was computed."""
+        room, frames, used, fresh = self._frame_positions(), [], 0, False
+        for r in ready:
+            n, new = self._positions(r), r.committed is None and self.committed(r.s) == 0
+            if frames and used + n <= (SHARED_CHUNK if fresh or new else room):
+                frames[-1].append(r)
+                used, fresh = used + n, fresh or new
+            else:
+                frames.append([r])
+                used, fresh = n, new
+        return frames
+
+    async def _frame_alone(self, rounds: list[Round]) -> None:
+        """One frame of a batch sent as several: its rounds answered when it comes back, its failure theirs."""
+        try:
+            await self._rounds(rounds)
+        except Exception as e:  # noqa: BLE001 - (as the batcher fails a whole batch: peers/host/batcher.py)
+            for r in rounds:
+                if r.result is None and r.error is None:
+                    r.error = e
+        for r in rounds:
+            r.done.set()
 
     def _positions(self, r: Round) -> int:
         if r.committed is not None:
