@@ -123,20 +123,26 @@ class PassEngine:
                     nursery.start_soon(self._frame_alone, frame)
 
     def _frames(self, ready: list[Round]) -> list[list[Round]]:
-        """The rounds in frames, in order: a frame's worth of positions each, but a frame that carries a fresh
-        round (a prompt, or a replay after a re-plan: every position from the first) SHARED_CHUNK at most. A
-        round's answer waits for its whole frame's pass, and after a re-plan every conversation replays at once:
-        in one frame, none would have its next token before the last of them was computed."""
-        room, frames, used, fresh = self._frame_positions(), [], 0, False
+        """The rounds in frames, in order: a frame's worth of positions each, but a frame that carries a replay
+        (a conversation the ring held before, from its first position again after a re-plan) SHARED_CHUNK at
+        most. A round's answer waits for its whole frame's pass, and after a re-plan every conversation replays
+        at once: in one frame, none would have its next token before the last of them was computed. (Prompts
+        share frames: on shared cores two passes cost about twice one, and new prompts come all the time.)"""
+        room, frames, used, replays = self._frame_positions(), [], 0, False
         for r in ready:
-            n, new = self._positions(r), r.committed is None and self.committed(r.s) == 0
-            if frames and used + n <= (SHARED_CHUNK if fresh or new else room):
+            n, replay = self._positions(r), self._replays(r)
+            if frames and used + n <= (SHARED_CHUNK if replays or replay else room):
                 frames[-1].append(r)
-                used, fresh = used + n, fresh or new
+                used, replays = used + n, replays or replay
             else:
                 frames.append([r])
-                used, fresh = n, new
+                used, replays = n, replay
         return frames
+
+    def _replays(self, r: Round) -> bool:
+        """Whether round `r` feeds its conversation again from position 0: the ring held some of it before
+        (a pass filled it), and after a re-plan or a failed pass holds none."""
+        return r.committed is None and r.s.filled > 0 and self.committed(r.s) == 0
 
     async def _frame_alone(self, rounds: list[Round]) -> None:
         """One frame of a batch sent as several: its rounds answered when it comes back, its failure theirs."""
