@@ -43,8 +43,8 @@ async def lied_then_replanned(model):
 def by_figures_alone(monkeypatch, speeds: str) -> None:
     """The plans by these figures alone: loopback round trips (a tenth of a ms, and noisy) taken out."""
     offers = Planner.offers
-    monkeypatch.setattr(Planner, "offers", lambda self, live, holds=True: [replace(o, link_ms=0.0)
-                                                                       for o in offers(self, live, holds)])
+    monkeypatch.setattr(Planner, "offers", lambda self, live, holds=True, at=None: [
+        replace(o, link_ms=0.0) for o in offers(self, live, holds, at)])
     monkeypatch.setenv("SFCHAT_TEST_MS_PER_LAYER", speeds)
     monkeypatch.setenv("SFCHAT_TEST_SLOW", "local-a:0:0.1")
 

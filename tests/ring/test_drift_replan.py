@@ -41,8 +41,8 @@ async def slowed_then_replanned(model):
 def test_a_member_that_slows_down_hands_its_layers_to_the_spare(tiny_llama, monkeypatch):
     # the plans by these speeds alone: loopback round trips (a tenth of a ms, and noisy) taken out
     offers = Planner.offers
-    monkeypatch.setattr(Planner, "offers", lambda self, live, holds=True: [replace(o, link_ms=0.0)
-                                                                       for o in offers(self, live, holds)])
+    monkeypatch.setattr(Planner, "offers", lambda self, live, holds=True, at=None: [
+        replace(o, link_ms=0.0) for o in offers(self, live, holds, at)])
     monkeypatch.setenv("SFCHAT_TEST_MS_PER_LAYER", SPEEDS)
     monkeypatch.setenv("SFCHAT_TEST_SLOW", "local-a:10:0.2")
     before, after, answers, epochs = trio.run(slowed_then_replanned, tiny_llama)
