@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from helpers import new_chat, reference_ids, running_ring
+from helpers import new_chat, reference_ids, replan_under_a_waiting_batch, running_ring
 from peers.speculation.adaptive import KPolicy
 from peers.speculation.drafting import Drafter
 from peers.speculation.sampling import SamplingParams
@@ -26,12 +26,6 @@ def test_replays_after_a_replan_go_in_frames_of_their_own_and_stay_exact(tiny_ll
                 await alone(rounds)
             host._frame_alone = frame_alone
 
-            async def replan_under_a_waiting_batch():
-                async with host.planner.gate.alone():
-                    while not host.batcher.flying:
-                        await trio.sleep(0.01)
-                    await host.planner._replan(host.port)
-
             async def one(i):
                 nonlocal started
 
@@ -39,7 +33,7 @@ def test_replays_after_a_replan_go_in_frames_of_their_own_and_stay_exact(tiny_ll
                     nonlocal started
                     if ev["event"] == "round" and not started and len(out) == 0 and ev["round"]["batch"] == 3:
                         started = True
-                        nursery.start_soon(replan_under_a_waiting_batch)
+                        nursery.start_soon(replan_under_a_waiting_batch, host)
 
                 _, r = await new_chat(host).reply(PROMPTS[i], drafter=Drafter(), params=SamplingParams(),
                                                   policy=KPolicy(pinned=1), max_new_tokens=NEW, on_round=on_round)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import trio
 
-from helpers import new_chat, reference_ids, running_ring
+from helpers import new_chat, reference_ids, replan_under_a_waiting_batch, running_ring
 from peers.speculation.adaptive import KPolicy
 from peers.speculation.drafting import Drafter
 from peers.speculation.sampling import SamplingParams
@@ -19,12 +19,6 @@ NEW = 12
 async def answers_across_a_replan(model):
     out, rounds, started = {}, {0: 0, 1: 0}, False
     async with running_ring(model, 2) as (host, lp):
-        async def replan_under_a_waiting_batch():
-            async with host.planner.gate.alone():  # as a join's re-plan: passes in flight first
-                while not host.batcher.flying:  # a batch of the conversations' next rounds waits at the gate
-                    await trio.sleep(0.01)
-                await host.planner._replan(host.port)
-
         async def one(i):
             nonlocal started
 
@@ -34,7 +28,7 @@ async def answers_across_a_replan(model):
                     rounds[i] += 1
                 if min(rounds.values()) >= 2 and not started:
                     started = True
-                    nursery.start_soon(replan_under_a_waiting_batch)
+                    nursery.start_soon(replan_under_a_waiting_batch, host)
 
             _, r = await new_chat(host).reply(PROMPTS[i], drafter=Drafter(), params=SamplingParams(),
                                               policy=KPolicy(pinned=1), max_new_tokens=NEW, on_round=on_round)

@@ -157,6 +157,15 @@ async def greedy_reply(host, prompt: str, max_new_tokens: int) -> list[int]:
     return r.token_ids
 
 
+async def replan_under_a_waiting_batch(host) -> None:
+    """A re-plan as a join's: the passes in flight first, then, while a batch of the conversations' next rounds
+    waits at the gate, the new plan; those rounds then replay."""
+    async with host.planner.gate.alone():
+        while not host.batcher.flying:
+            await trio.sleep(0.01)
+        await host.planner._replan(host.port)
+
+
 async def check_logits_follow(host, ref, tokens: list[int], steps: int) -> list[int]:
     """Greedy steps through the ring, each pass's last logits equal to the reference model's."""
     rs = host.new_session("check")
